@@ -1,0 +1,143 @@
+// The `nibble` command line: ModelOpt quantize.py's flags by their names and defaults, plus
+// nibble's own. Library code throws; only this file prints errors and picks exit codes.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "host/options.h"
+#include "host/pipeline.h"
+#include "loaders/error.h"
+
+namespace {
+
+constexpr const char* kAlgoHelp =
+    "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
+    "calibration, fastest. rtn: round-to-nearest, QuantizeLinear->DequantizeLinear on the float weight. "
+    "awq_lite / awq_clip / awq_full: activation-aware search (need calibration; not implemented yet)";
+
+void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
+  q.add_option("--onnx_path", o.onnx_path, "Input ONNX model (external data beside it)")->required();
+  q.add_option("--output_path", o.output_path,
+               "Output ONNX model; its weights go to OUTPUT.data beside it. A missing folder is created")
+      ->required();
+  q.add_option("--algo", o.algo, kAlgoHelp)->capture_default_str();
+  q.add_option("--block_size", o.block_size,
+               "Elements per quantization block along the reduction dimension K: a power of two >= 16, "
+               "or -1 for one block per output channel")
+      ->capture_default_str();
+  q.add_flag("--use_zero_point", o.use_zero_point,
+             "Asymmetric UINT4 codes with a zero point per block (nibble honours it for RTN too; "
+             "ModelOpt's RTN ignores it)");
+  q.add_option("--awqlite_alpha_step", o.awqlite_alpha_step, "AWQ-lite: step of the alpha grid in [0, 1]")
+      ->capture_default_str();
+  q.add_flag("--awqlite_run_per_subgraph", o.awqlite_run_per_subgraph,
+             "AWQ-lite: one joint search for all MatMuls sharing an input");
+  q.add_flag("--awqlite_disable_fuse_nodes", o.awqlite_disable_fuse_nodes,
+             "AWQ-lite: one Mul per weight for 1/s instead of folding it into the producer");
+  q.add_option("--awqclip_alpha_step", o.awqclip_alpha_step, "AWQ-clip: step of the clip-ratio grid")
+      ->capture_default_str();
+  q.add_option("--awqclip_alpha_min", o.awqclip_alpha_min, "AWQ-clip: smallest clip ratio")->capture_default_str();
+  q.add_option("--awqclip_bsz_col", o.awqclip_bsz_col, "AWQ-clip: output columns per search chunk")
+      ->capture_default_str();
+  q.add_option("--calibration_eps", o.calibration_eps,
+               "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
+               "NvTensorRtRtx)")
+      ->capture_default_str();
+  q.add_option("--calib_size", o.calib_size, "Number of calibration samples")->capture_default_str();
+  q.add_option("--dataset", o.dataset, "Calibration text: cnn, pilevel, or a local .txt/.jsonl/.parquet file")
+      ->capture_default_str();
+  q.add_option("--batch_size", o.batch_size, "Calibration batch size")->capture_default_str();
+  q.add_flag("--no_position_ids", o.no_position_ids, "Calibration: do not feed position_ids");
+  q.add_flag("--add_position_ids", o.add_position_ids, "Calibration: feed position_ids (DML-built GenAI models)");
+  q.add_flag("--no_past_kv_inputs", o.no_past_kv_inputs, "Calibration: the model has no past key/value inputs");
+  q.add_flag("--use_buffer_share", o.use_buffer_share, "Calibration: past KV sized to the context length");
+  q.add_flag("--use_fp32", o.use_fp32, "Calibration: past KV in fp32 (default: the model's own input dtype)");
+  q.add_flag("--use_random_calib", o.use_random_calib, "Calibration: one random sample instead of a dataset");
+  q.add_flag("--enable_mixed_quant", o.enable_mixed_quant,
+             "INT8 for ModelOpt's default set of sensitive layers, INT4 elsewhere (not implemented yet)");
+  q.add_option("--layers_8bit", o.layers_8bit,
+               "Comma-separated node-name patterns quantized to INT8 (implies --enable_mixed_quant; not "
+               "implemented yet)");
+  q.add_option("--gather_quantize_axis", o.gather_quantize_axis, "Quantize Gather (embedding) data along this axis "
+               "(not implemented yet)");
+  q.add_option("--gather_block_size", o.gather_block_size, "Block size for Gather quantization")
+      ->capture_default_str();
+  q.add_flag("--use_column_major", o.use_column_major, "Store DQ weights transposed (not implemented yet)");
+  q.add_option("--nodes_to_exclude", o.nodes_to_exclude,
+               "Regexes matched at the start of node names (Python re.match); matching nodes stay float. "
+               "Default: /lm_head. Pass '' to exclude nothing")
+      ->capture_default_str();
+  q.add_option("--model_name", o.model_name, "Folder with the tokenizer (default: the model's folder)");
+  q.add_option("--device", o.device, "auto, cuda or cpu (auto: CUDA when a device is present)")
+      ->capture_default_str();
+  q.add_option("--format", o.format,
+               "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for rtn_dq and AWQ), "
+               "qdq (QuantizeLinear->DequantizeLinear on the float weight; default for rtn), matmulnbits "
+               "(com.microsoft.MatMulNBits)");
+  q.add_option("--threads", o.threads, "Worker threads (0: all cores)")->capture_default_str();
+  q.add_flag("--force", o.force, "Overwrite an existing output model (never the input)");
+  q.add_option("--report", o.report, "Write a JSON report: flags, per-weight shape, bits, block, error, timings");
+  q.add_flag("--quiet", o.quiet, "Only warnings and errors");
+  q.add_flag("--verbose", o.verbose, "Debug output (skipped nodes and why)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto logger = spdlog::stderr_color_st("nibble");
+  logger->set_pattern("[%T] %^%l%$ %v");
+  spdlog::set_default_logger(logger);
+
+  CLI::App app{"nibble: block-wise INT4/INT8 weight quantization of ONNX LLMs (ModelOpt-compatible flags)"};
+  app.set_version_flag("--version", "nibble 0.1.0");
+  app.require_subcommand(1);
+  nibble::QuantizeOptions opts;
+  CLI::App* quant = app.add_subcommand("quantize", "Quantize the MatMul/Gemm weights of an ONNX model");
+  quant->set_config("--config", "", "Read flags from a TOML/INI preset (see configs/); command-line flags win");
+  add_quantize_flags(*quant, opts);
+
+  std::string inspect_path;
+  std::vector<std::string> inspect_exclude{"/lm_head"};
+  int64_t inspect_block = 128;
+  CLI::App* inspect = app.add_subcommand("inspect", "Show what would be quantized (weights, shapes, sizes)");
+  inspect->add_option("model", inspect_path, "ONNX model")->required();
+  inspect->add_option("--nodes_to_exclude", inspect_exclude, "As for quantize")->capture_default_str();
+  inspect->add_option("--block_size", inspect_block, "As for quantize")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "nibble: error: %s (see nibble --help)\n", e.what());
+    return 2;
+  }
+
+  try {
+    auto drop_empty = [](std::vector<std::string>& v) {
+      v.erase(std::remove(v.begin(), v.end(), std::string()), v.end());
+    };
+    if (*quant) {
+      drop_empty(opts.nodes_to_exclude);
+      if (opts.quiet) spdlog::set_level(spdlog::level::warn);
+      if (opts.verbose) spdlog::set_level(spdlog::level::debug);
+      return nibble::run_quantize(opts);
+    }
+    drop_empty(inspect_exclude);
+    return nibble::run_inspect(inspect_path, inspect_exclude, inspect_block);
+  } catch (const nibble::Error& e) {
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "nibble: error: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+  }
+  return 1;
+}

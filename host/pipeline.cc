@@ -1,0 +1,252 @@
+#include "host/pipeline.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "host/opset.h"
+#include "host/plan.h"
+#include "host/progress.h"
+#include "host/report.h"
+#include "host/rewrite.h"
+#include "kernels/backend.h"
+#include "kernels/parallel.h"
+#include "loaders/error.h"
+#include "loaders/genai_folder.h"
+#include "loaders/model_writer.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+Format QuantizeOptions::resolved_format() const {
+  if (format == "qdq") return Format::kQdq;
+  if (format == "matmulnbits") return Format::kMatMulNBits;
+  if (format == "dq") return Format::kDq;
+  return algo == "rtn" ? Format::kQdq : Format::kDq;
+}
+
+namespace {
+
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::kDq: return "dq";
+    case Format::kQdq: return "qdq";
+    default: return "matmulnbits";
+  }
+}
+
+uint64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return uint64_t(ru.ru_maxrss) * 1024;
+}
+
+std::string shape_str(const PlannedWeight& pw) {
+  return "[" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "]";
+}
+
+// A kernel producing NaN/Inf scales means the weight itself holds NaN/Inf: say where.
+void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
+  for (size_t i = 0; i < q.scales.size(); ++i)
+    if (!std::isfinite(q.scales[i]))
+      throw Error("weight '" + pw.weight + "': block " + std::to_string(i) +
+                  " has a non-finite scale (the weight holds NaN or Inf values)");
+}
+
+}  // namespace
+
+void validate_options(const QuantizeOptions& o) {
+  static const std::vector<std::string> algos = {"awq_lite", "awq_clip", "awq_full", "rtn", "rtn_dq"};
+  if (std::find(algos.begin(), algos.end(), o.algo) == algos.end())
+    throw Error("--algo " + o.algo + " is unknown (choose awq_lite, awq_clip, awq_full, rtn or rtn_dq)");
+  if (o.algo != "rtn" && o.algo != "rtn_dq")
+    throw Error("--algo " + o.algo +
+                " is not implemented yet: this build quantizes with round-to-nearest only (--algo rtn_dq or rtn)");
+  if (!o.format.empty() && o.format != "dq" && o.format != "qdq" && o.format != "matmulnbits")
+    throw Error("--format " + o.format + " is unknown (choose dq, qdq or matmulnbits)");
+  const int64_t b = o.block_size;
+  if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
+    throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
+  if (o.enable_mixed_quant || !o.layers_8bit.empty())
+    throw Error("--enable_mixed_quant/--layers_8bit are not implemented yet (INT8 layers land with issue 9)");
+  if (!o.gather_quantize_axis.empty())
+    throw Error("--gather_quantize_axis is not implemented yet (embeddings stay float)");
+  if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    throw Error("--device " + o.device + " is unknown (choose auto, cuda or cpu)");
+  if (o.threads < 0) throw Error("--threads must be >= 0");
+  if (o.onnx_path.empty()) throw Error("--onnx_path is required");
+  if (o.output_path.empty()) throw Error("--output_path is required");
+}
+
+int run_quantize(const QuantizeOptions& o) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  validate_options(o);
+  kernels::set_num_threads(o.threads);
+  std::string why;
+  auto backend = kernels::make_backend(
+      o.device == "cpu" ? kernels::Device::kCpu : o.device == "cuda" ? kernels::Device::kCuda : kernels::Device::kAuto,
+      &why);
+  spdlog::info("{} ({} threads)", why, kernels::num_threads());
+
+  auto model = OnnxModel::load(o.onnx_path);
+  const std::vector<std::string> inputs = model->input_files();  // checks every location
+  // Check every external range now, before anything is written (views are only maps).
+  for (const auto& t : model->proto().graph().initializer())
+    if (t.data_location() == onnx::TensorProto::EXTERNAL) model->view(t);
+
+  PlanOptions popt;
+  popt.nodes_to_exclude = o.nodes_to_exclude;
+  popt.block_size = o.block_size;
+  Plan plan = make_plan(*model, popt);
+  if (plan.weights.empty())
+    throw Error("nothing to quantize in " + o.onnx_path +
+                ": no MatMul/Gemm with a constant 2-D float weight (" + std::to_string(plan.skipped.size()) +
+                " skipped; see `nibble inspect`)");
+  for (const auto& s : plan.skipped) spdlog::debug("skip {} ({}): {}", s.node, s.op_type, s.reason);
+
+  const Format format = o.resolved_format();
+  // Opset problems must surface before any work: matmulnbits may fall back to dq for a Gemm.
+  if (GraphRewriter::format_needs_opset21(format)) {
+    onnx::ModelProto probe;
+    probe.mutable_opset_import()->CopyFrom(model->proto().opset_import());
+    *probe.mutable_graph()->mutable_node() = model->proto().graph().node();
+    raise_default_opset(probe, 21);
+  }
+
+  if (!genai_companion_files(o.onnx_path).empty() && !o.force) {
+    namespace fs = std::filesystem;
+    const auto out_dir = fs::absolute(o.output_path).parent_path();
+    std::error_code ec;
+    if (fs::weakly_canonical(out_dir, ec) != fs::path(model->dir()) &&
+        fs::exists(out_dir / "genai_config.json", ec))
+      throw Error("output folder " + out_dir.string() + " already has genai_config.json (use --force to overwrite)");
+  }
+
+  ModelWriter::Options wopt;
+  wopt.force = o.force;
+  wopt.protected_paths = inputs;
+  ModelWriter writer(o.output_path, wopt);
+  GraphRewriter rewriter(model->proto(), format, writer);
+
+  uint64_t total_in = 0;
+  for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+  spdlog::info("quantizing {} weights ({}) of {}: {} INT{} block {} -> {}", plan.weights.size(),
+               human_bytes(total_in), o.onnx_path, o.algo, 4, o.block_size, format_name(format));
+
+  nlohmann::json weights = nlohmann::json::array();
+  Progress progress(int64_t(plan.weights.size()), total_in, !o.quiet);
+  uint64_t quant_out = 0;
+  double sq_err_total = 0;
+  int64_t elems_total = 0;
+  for (const auto& pw : plan.weights) {
+    const auto tw = clock::now();
+    TensorView v = model->view(*model->initializer(pw.weight));
+    kernels::WeightMatrix w;
+    w.dtype = pw.dtype;
+    w.data = v.data;
+    w.rows = pw.rows;
+    w.cols = pw.cols;
+    w.k_axis = pw.k_axis;
+    kernels::QuantSpec spec;
+    spec.bits = pw.bits;
+    spec.block = pw.resolved_block();
+    spec.zero_point = o.use_zero_point;
+    kernels::QuantResult q;
+    backend->rtn(w, spec, q);
+    validate_result(pw, q);
+    uint64_t bytes = 0;
+    const Format used = rewriter.emit(pw, spec, q, &bytes);
+    if (used != format)
+      spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
+                   pw.weight, pw.node_name);
+    if (!pw.keep_float) model->release(v);
+    quant_out += bytes;
+    const int64_t n = pw.rows * pw.cols;
+    sq_err_total += q.sq_error;
+    elems_total += n;
+    const double secs = std::chrono::duration<double>(clock::now() - tw).count();
+    weights.push_back({{"name", pw.weight},
+                       {"node", pw.node_name},
+                       {"nodes", pw.nodes.size()},
+                       {"op_type", pw.op_type},
+                       {"shape", {pw.rows, pw.cols}},
+                       {"k_axis", pw.k_axis},
+                       {"dtype", dtype_name(pw.dtype)},
+                       {"layer", pw.layer},
+                       {"role", pw.role},
+                       {"bits", pw.bits},
+                       {"block_size", pw.block},
+                       {"zero_point", o.use_zero_point},
+                       {"format", format_name(used)},
+                       {"mse", q.sq_error / double(n)},
+                       {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)},
+                       {"bytes_out", bytes},
+                       {"seconds", secs}});
+    progress.step(pw.weight + " " + shape_str(pw) + " " + dtype_name(pw.dtype) + " -> int" + std::to_string(pw.bits) +
+                      " " + human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
+                  uint64_t(n) * dtype_size(pw.dtype));
+  }
+  progress.finish();
+
+  // Everything else is copied through unchanged (streamed from the map, pages dropped after).
+  uint64_t copied = 0;
+  for (auto& t : *model->proto().mutable_graph()->mutable_initializer()) {
+    if (rewriter.removed_initializers().count(t.name())) continue;
+    const bool external = t.data_location() == onnx::TensorProto::EXTERNAL;
+    if (!external && t.raw_data().size() < ModelWriter::kInlineThreshold) continue;
+    TensorView v = model->view(t);
+    writer.put(t, v.data, v.nbytes);
+    copied += v.nbytes;
+    model->release(v);
+  }
+  rewriter.finish();
+  auto* meta = model->proto().add_metadata_props();
+  meta->set_key("nibble.quantization");
+  meta->set_value("algo=" + o.algo + " format=" + format_name(format) + " block_size=" + std::to_string(o.block_size) +
+                  " zero_point=" + (o.use_zero_point ? "1" : "0"));
+  writer.commit(model->proto());
+  const auto companions = copy_genai_companions(model->path(), writer.out_path(), o.force);
+
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  const uint64_t out_bytes = writer.data_bytes() + uint64_t(model->proto().ByteSizeLong());
+  if (!o.quiet) {
+    spdlog::info("wrote {} ({} graph + {} data){}", writer.out_path(), human_bytes(model->proto().ByteSizeLong()),
+                 human_bytes(writer.data_bytes()),
+                 companions.empty() ? "" : " and " + std::to_string(companions.size()) + " GenAI/tokenizer files");
+    spdlog::info("{} weights: {} -> {} ({:.2f} bits/weight), {} copied unchanged, rms error {:.3g}; "
+                 "{:.2f} s, peak RSS {}",
+                 plan.weights.size(), human_bytes(total_in), human_bytes(quant_out),
+                 elems_total ? 8.0 * double(quant_out) / double(elems_total) : 0.0, human_bytes(copied),
+                 std::sqrt(sq_err_total / double(elems_total)), secs, human_bytes(peak_rss_bytes()));
+  }
+  if (!o.report.empty()) {
+    nlohmann::json skipped = nlohmann::json::array();
+    for (const auto& s : plan.skipped) skipped.push_back({{"node", s.node}, {"op_type", s.op_type}, {"reason", s.reason}});
+    nlohmann::json report = {
+        {"tool", "nibble"},
+        {"options", options_to_json(o)},
+        {"backend", backend->name()},
+        {"weights", weights},
+        {"skipped", skipped},
+        {"summary",
+         {{"weights_quantized", plan.weights.size()},
+          {"bytes_in", total_in},
+          {"bytes_quantized_out", quant_out},
+          {"bytes_copied", copied},
+          {"output_bytes", out_bytes},
+          {"mse", sq_err_total / double(elems_total)},
+          {"seconds", secs},
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"genai_files", companions}}}};
+    write_json_file(o.report, report);
+  }
+  return 0;
+}
+
+}  // namespace nibble

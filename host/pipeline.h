@@ -1,0 +1,18 @@
+// `nibble quantize` from options to a written model: load, plan, quantize each weight through
+// the backend as it streams from the memory map, rewrite the graph, write, report.
+#pragma once
+#include "host/options.h"
+
+namespace nibble {
+
+// Checks option values and combinations (throws Error with the flag's name).
+void validate_options(const QuantizeOptions& options);
+
+// Runs the whole job; throws Error on bad input. Returns the process exit code.
+int run_quantize(const QuantizeOptions& options);
+
+// `nibble inspect`: prints what would be quantized, with sizes. Returns the exit code.
+int run_inspect(const std::string& model_path, const std::vector<std::string>& nodes_to_exclude,
+                int64_t block_size);
+
+}  // namespace nibble

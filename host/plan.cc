@@ -1,0 +1,144 @@
+#include "host/plan.h"
+
+#include <regex>
+#include <set>
+#include <unordered_map>
+
+#include "loaders/error.h"
+
+namespace nibble {
+namespace {
+
+bool is_default_domain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
+
+int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return a.i();
+  return dflt;
+}
+
+// "/model/layers.12/attn/qkv_proj/MatMul" -> 12
+int layer_index(const std::string& name) {
+  static const std::regex re(R"((?:layers|layer|blocks|h)[./_](\d+)(?:[./_]|$))");
+  std::smatch m;
+  if (std::regex_search(name, m, re)) return std::stoi(m[1]);
+  return -1;
+}
+
+// "/model/layers.12/attn/qkv_proj/MatMul" -> "attn/qkv_proj"
+std::string role_of(const std::string& name) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= name.size(); ++i)
+    if (i == name.size() || name[i] == '/') {
+      if (i > start) parts.push_back(name.substr(start, i - start));
+      start = i + 1;
+    }
+  if (parts.size() >= 3) return parts[parts.size() - 3] + "/" + parts[parts.size() - 2];
+  if (parts.size() == 2) return parts[0];
+  return name;
+}
+
+}  // namespace
+
+Plan make_plan(const OnnxModel& model, const PlanOptions& options) {
+  std::vector<std::pair<std::string, std::regex>> excludes;
+  for (const auto& p : options.nodes_to_exclude) {
+    try {
+      excludes.emplace_back(p, std::regex(p, std::regex::ECMAScript));
+    } catch (const std::regex_error& e) {
+      throw Error("--nodes_to_exclude: '" + p + "' is not a valid regular expression (" + e.what() + ")");
+    }
+  }
+
+  const auto& g = model.proto().graph();
+  Plan plan;
+  std::unordered_map<std::string, size_t> by_weight;  // initializer -> index in plan.weights
+  std::set<std::string> conflicting;
+  std::unordered_map<std::string, int> uses;  // every reader of every tensor name
+  for (const auto& n : g.node())
+    for (const auto& in : n.input()) ++uses[in];
+  for (const auto& o : g.output()) ++uses[o.name()];
+
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    if (!is_default_domain(n.domain()) || (n.op_type() != "MatMul" && n.op_type() != "Gemm")) continue;
+    auto skip = [&](const std::string& why) { plan.skipped.push_back({n.name(), n.op_type(), why}); };
+    if (n.input_size() < 2) continue;
+    bool excluded = false;
+    for (const auto& [pattern, re] : excludes)
+      if (std::regex_search(n.name(), re, std::regex_constants::match_continuous)) {
+        skip("excluded by --nodes_to_exclude '" + pattern + "'");
+        excluded = true;
+        break;
+      }
+    if (excluded) continue;
+    const onnx::TensorProto* w = model.initializer(n.input(1));
+    if (!w) continue;  // activation x activation (attention scores): not a weight
+    if (model.initializer(n.input(0))) {
+      skip("both inputs are constants");
+      continue;
+    }
+    if (w->dims_size() != 2) {
+      skip("weight '" + w->name() + "' has rank " + std::to_string(w->dims_size()) + ", not 2");
+      continue;
+    }
+    const DType dt = static_cast<DType>(w->data_type());
+    if (dt == DType::kFloat64)
+      throw Error("weight '" + w->name() + "' of node '" + n.name() +
+                  "' is fp64: nibble quantizes fp32, fp16 and bf16 weights");
+    if (!is_quantizable_float(dt)) {
+      skip("weight '" + w->name() + "' is " + dtype_name(w->data_type()) + ", not a float type");
+      continue;
+    }
+    if (w->dims(0) == 0 || w->dims(1) == 0) {
+      skip("weight '" + w->name() + "' is empty");
+      continue;
+    }
+    const int k_axis = n.op_type() == "Gemm" && int_attr(n, "transB", 0) != 0 ? 1 : 0;
+    auto it = by_weight.find(w->name());
+    if (it != by_weight.end()) {
+      PlannedWeight& pw = plan.weights[it->second];
+      if (pw.k_axis != k_axis) conflicting.insert(w->name());
+      pw.nodes.push_back(i);
+      continue;
+    }
+    PlannedWeight pw;
+    pw.weight = w->name();
+    pw.nodes = {i};
+    pw.node_name = n.name();
+    pw.op_type = n.op_type();
+    pw.activation = n.input(0);
+    pw.k_axis = k_axis;
+    pw.rows = w->dims(0);
+    pw.cols = w->dims(1);
+    pw.dtype = dt;
+    pw.layer = layer_index(n.name());
+    pw.role = role_of(n.name());
+    pw.bits = options.bits;
+    pw.block = options.block_size;
+    by_weight.emplace(pw.weight, plan.weights.size());
+    plan.weights.push_back(std::move(pw));
+  }
+
+  // A weight read along K by one node and along N by another cannot share one quantization.
+  std::vector<PlannedWeight> kept;
+  for (auto& pw : plan.weights) {
+    if (conflicting.count(pw.weight)) {
+      for (int i : pw.nodes)
+        plan.skipped.push_back({g.node(i).name(), g.node(i).op_type(),
+                                "weight '" + pw.weight + "' is shared with and without transB"});
+      continue;
+    }
+    pw.keep_float = uses[pw.weight] > int(pw.nodes.size());
+    for (const auto& gi : g.output())
+      if (gi.name() == pw.weight) pw.keep_float = true;
+    kept.push_back(std::move(pw));
+  }
+  plan.weights = std::move(kept);
+  for (size_t i = 0; i < plan.weights.size(); ++i)
+    plan.siblings[plan.weights[i].activation].push_back(i);
+  return plan;
+}
+
+}  // namespace nibble

@@ -1,0 +1,56 @@
+// Which weights get quantized, and how: walks the graph for MatMul/Gemm nodes whose weight is a
+// constant 2-D float initializer, applies --nodes_to_exclude, names each weight by layer and
+// role, groups siblings that share an input, and records why anything else is left alone.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+struct PlannedWeight {
+  std::string weight;             // initializer name
+  std::vector<int> nodes;         // indices of the consuming MatMul/Gemm nodes (graph order)
+  std::string node_name;          // first consumer's name
+  std::string op_type;            // first consumer's op
+  std::string activation;         // first consumer's input[0]
+  int k_axis = 0;                 // 0: stored [K, N]; 1: stored [N, K] (Gemm transB=1)
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::kFloat32;
+  bool keep_float = false;        // something else still reads the float initializer
+  int layer = -1;                 // layer index parsed from the node name, -1 if none
+  std::string role;               // e.g. "attn/qkv_proj"
+  int bits = 4;
+  int64_t block = 128;            // requested block (-1: per channel)
+
+  int64_t K() const { return k_axis == 0 ? rows : cols; }
+  int64_t N() const { return k_axis == 0 ? cols : rows; }
+  int64_t resolved_block() const { return block < 0 ? K() : block; }
+};
+
+struct SkippedNode {
+  std::string node;
+  std::string op_type;
+  std::string reason;
+};
+
+struct Plan {
+  std::vector<PlannedWeight> weights;
+  std::vector<SkippedNode> skipped;
+  std::map<std::string, std::vector<size_t>> siblings;  // activation -> weights reading it
+};
+
+struct PlanOptions {
+  std::vector<std::string> nodes_to_exclude;  // regexes matched at the start of node names
+  int64_t block_size = 128;
+  int bits = 4;
+};
+
+// Throws Error for a bad regex or a weight nibble cannot take (fp64).
+Plan make_plan(const OnnxModel& model, const PlanOptions& options);
+
+}  // namespace nibble

@@ -1,0 +1,244 @@
+#include "host/rewrite.h"
+
+#include "host/opset.h"
+#include "kernels/cpu/pack.h"
+#include "loaders/error.h"
+
+namespace nibble {
+
+std::vector<uint8_t> encode_floats(DType t, const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) store_float(t, out.data(), i, v[i]);
+  return out;
+}
+
+namespace {
+
+void set_int_attr(onnx::NodeProto& n, const std::string& name, int64_t v) {
+  auto* a = n.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+float float_attr(const onnx::NodeProto& n, const std::string& name, float dflt) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return a.f();
+  return dflt;
+}
+
+int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return a.i();
+  return dflt;
+}
+
+int code_type(const kernels::QuantSpec& spec) {
+  if (spec.bits == 4) return int(spec.zero_point ? DType::kUInt4 : DType::kInt4);
+  return int(spec.zero_point ? DType::kUInt8 : DType::kInt8);
+}
+
+}  // namespace
+
+GraphRewriter::GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer)
+    : model_(model), format_(format), writer_(writer) {
+  const auto& g = model_.graph();
+  for (const auto& t : g.initializer()) {
+    names_.insert(t.name());
+    initializers_[t.name()] = &t;
+  }
+  for (const auto& i : g.input()) names_.insert(i.name());
+  for (const auto& o : g.output()) names_.insert(o.name());
+  for (const auto& n : g.node()) {
+    names_.insert(n.name());
+    for (const auto& o : n.output()) names_.insert(o);
+  }
+}
+
+std::string GraphRewriter::unique_name(const std::string& base) {
+  std::string name = base;
+  for (int i = 1; names_.count(name); ++i) name = base + "_" + std::to_string(i);
+  names_.insert(name);
+  return name;
+}
+
+onnx::TensorProto* GraphRewriter::add_initializer(const std::string& name, int dtype,
+                                                  const std::vector<int64_t>& dims,
+                                                  const std::vector<uint8_t>& bytes) {
+  new_initializers_.emplace_back();
+  onnx::TensorProto& t = new_initializers_.back();
+  t.set_name(name);
+  t.set_data_type(dtype);
+  for (int64_t d : dims) t.add_dims(d);
+  writer_.put(t, bytes.data(), bytes.size());
+  bytes_ += bytes.size();
+  return &t;
+}
+
+bool GraphRewriter::gemm_fits_matmulnbits(const onnx::NodeProto& n, int64_t N) const {
+  if (n.op_type() != "Gemm") return true;
+  if (int_attr(n, "transA", 0) != 0 || float_attr(n, "alpha", 1.0f) != 1.0f) return false;
+  if (n.input_size() < 3 || n.input(2).empty()) return true;
+  if (float_attr(n, "beta", 1.0f) != 1.0f) return false;
+  auto it = initializers_.find(n.input(2));  // the bias must be a constant [N]
+  return it != initializers_.end() && it->second->dims_size() == 1 && it->second->dims(0) == N;
+}
+
+Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                           const kernels::QuantResult& q, uint64_t* bytes_out) {
+  const uint64_t before = bytes_;
+  Format used = format_;
+  if (format_ == Format::kMatMulNBits) {
+    for (int i : pw.nodes)
+      if (!gemm_fits_matmulnbits(model_.graph().node(i), pw.N())) used = Format::kDq;
+  }
+  if (used == Format::kMatMulNBits) emit_matmulnbits(pw, spec, q);
+  else emit_dq(pw, spec, q, used == Format::kQdq);
+  if (!pw.keep_float && used != Format::kQdq) removed_.insert(pw.weight);
+  if (bytes_out) *bytes_out = bytes_ - before;
+  return used;
+}
+
+void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                            const kernels::QuantResult& q, bool with_quantize_node) {
+  used_dq_ = true;
+  const bool per_channel = pw.block < 0;
+  const int64_t G = q.groups, N = pw.N();
+  std::vector<int64_t> scale_dims;
+  if (per_channel) scale_dims = {N};
+  else if (pw.k_axis == 0) scale_dims = {G, N};
+  else scale_dims = {N, G};
+  const int64_t axis = per_channel ? 1 - pw.k_axis : pw.k_axis;
+
+  const std::string scale = unique_name(pw.weight + "_scale");
+  add_initializer(scale, int(pw.dtype), scale_dims, encode_floats(pw.dtype, q.scales));
+  std::string zp;
+  if (spec.zero_point || with_quantize_node) {
+    zp = unique_name(pw.weight + "_zp");
+    std::vector<uint8_t> zeros(q.scales.size(), 0);
+    add_initializer(zp, code_type(spec), scale_dims,
+                    kernels::pack_onnx(spec.zero_point ? q.zero_points : zeros, spec.bits));
+  }
+  auto attrs = [&](onnx::NodeProto& n) {
+    set_int_attr(n, "axis", axis);
+    if (!per_channel) set_int_attr(n, "block_size", spec.block);
+  };
+
+  std::vector<onnx::NodeProto>& inserted = insert_before_[pw.nodes.front()];
+  std::string codes;
+  if (with_quantize_node) {
+    onnx::NodeProto qn;
+    qn.set_name(unique_name(pw.weight + "_QuantizeLinear"));
+    qn.set_op_type("QuantizeLinear");
+    qn.add_input(pw.weight);
+    qn.add_input(scale);
+    qn.add_input(zp);
+    codes = unique_name(pw.weight + "_QuantizeLinear_Output");
+    qn.add_output(codes);
+    attrs(qn);
+    inserted.push_back(std::move(qn));
+  } else {
+    codes = unique_name(pw.weight + "_i4");
+    add_initializer(codes, code_type(spec), {pw.rows, pw.cols}, kernels::pack_onnx(q.codes, spec.bits));
+  }
+  onnx::NodeProto dq;
+  dq.set_name(unique_name(pw.weight + "_DequantizeLinear"));
+  dq.set_op_type("DequantizeLinear");
+  dq.add_input(codes);
+  dq.add_input(scale);
+  if (!zp.empty()) dq.add_input(zp);
+  const std::string out = unique_name(pw.weight + "_DequantizeLinear_Output");
+  dq.add_output(out);
+  attrs(dq);
+  inserted.push_back(std::move(dq));
+  for (int i : pw.nodes) model_.mutable_graph()->mutable_node(i)->set_input(1, out);
+}
+
+void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                                     const kernels::QuantResult& q) {
+  used_contrib_ = true;
+  kernels::WeightMatrix shape;
+  shape.rows = pw.rows;
+  shape.cols = pw.cols;
+  shape.k_axis = pw.k_axis;
+  shape.dtype = pw.dtype;
+  const int64_t K = pw.K(), N = pw.N(), G = q.groups;
+  // MatMulNBits wants a power-of-two block >= 16: one per-channel block is padded up to that.
+  int64_t layout_block = spec.block;
+  if (pw.block < 0) {
+    layout_block = 16;
+    while (layout_block < K) layout_block *= 2;
+  }
+  const std::string b = unique_name(pw.weight + "_Q4");
+  add_initializer(b, int(DType::kUInt8), {N, G, layout_block * spec.bits / 8},
+                  kernels::pack_matmulnbits_weight(shape, spec, q, layout_block));
+  const std::string scales = unique_name(pw.weight + "_scales");
+  add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, kernels::matmulnbits_scales(shape, q)));
+  std::string zps;
+  if (spec.zero_point) {
+    zps = unique_name(pw.weight + "_zero_points");
+    const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
+    add_initializer(zps, int(DType::kUInt8), {N, row}, kernels::pack_matmulnbits_zero_points(shape, spec, q));
+  }
+  for (int i : pw.nodes) {
+    const onnx::NodeProto& old = model_.graph().node(i);
+    onnx::NodeProto n;
+    std::string name = old.name();
+    const std::string suffix = "/" + old.op_type();
+    if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      name = name.substr(0, name.size() - old.op_type().size()) + "MatMulNBits";
+    else
+      name += "_Q4";
+    n.set_name(unique_name(name));
+    n.set_op_type("MatMulNBits");
+    n.set_domain("com.microsoft");
+    n.add_input(old.input(0));
+    n.add_input(b);
+    n.add_input(scales);
+    const bool bias = old.op_type() == "Gemm" && old.input_size() >= 3 && !old.input(2).empty();
+    if (!zps.empty() || bias) n.add_input(zps);
+    if (bias) {
+      n.add_input("");          // g_idx
+      n.add_input(old.input(2));  // bias
+    }
+    n.add_output(old.output(0));
+    set_int_attr(n, "K", K);
+    set_int_attr(n, "N", N);
+    set_int_attr(n, "bits", spec.bits);
+    set_int_attr(n, "block_size", layout_block);
+    replace_[i] = std::move(n);
+  }
+}
+
+void GraphRewriter::finish() {
+  onnx::GraphProto* g = model_.mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (int i = 0; i < g->node_size(); ++i) {
+    auto ins = insert_before_.find(i);
+    if (ins != insert_before_.end())
+      for (auto& n : ins->second) *nodes.Add() = std::move(n);
+    auto rep = replace_.find(i);
+    *nodes.Add() = rep != replace_.end() ? std::move(rep->second) : std::move(*g->mutable_node(i));
+  }
+  g->mutable_node()->Swap(&nodes);
+
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> inits;
+  for (auto& t : *g->mutable_initializer())
+    if (!removed_.count(t.name())) *inits.Add() = std::move(t);
+  for (auto& t : new_initializers_) *inits.Add() = std::move(t);
+  new_initializers_.clear();
+  g->mutable_initializer()->Swap(&inits);
+  initializers_.clear();
+
+  // IR < 4 models list initializers among the graph inputs too.
+  google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> inputs;
+  for (auto& i : *g->mutable_input())
+    if (!removed_.count(i.name())) *inputs.Add() = std::move(i);
+  g->mutable_input()->Swap(&inputs);
+
+  if (used_dq_) raise_default_opset(model_, 21);
+  if (used_contrib_) ensure_domain(model_, "com.microsoft", 1);
+  if (model_.ir_version() < 10) model_.set_ir_version(10);  // INT4/UINT4 need IR 10
+}
+
+}  // namespace nibble

@@ -1,0 +1,69 @@
+// Turns planned weights into their quantized graph form, in one of three formats:
+//   dq           w_i4 (INT4/UINT4 [stored shape]) + w_scale (+ w_zp) -> DequantizeLinear -> MatMul
+//                (ModelOpt's rtn_dq/AWQ output, names included; ORT fuses it to MatMulNBits)
+//   qdq          float w -> QuantizeLinear -> DequantizeLinear -> MatMul, with the axis and
+//                block_size attributes ModelOpt's `rtn` forgets, so ONNX Runtime loads it
+//   matmulnbits  com.microsoft.MatMulNBits with B [N, G, bs/2], scales [N, G] (+ zero points)
+// Tensor data goes straight to the writer; node edits are collected and spliced in by finish().
+#pragma once
+#include <onnx/onnx-ml.pb.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "host/options.h"
+#include "host/plan.h"
+#include "kernels/quant_types.h"
+#include "loaders/model_writer.h"
+
+namespace nibble {
+
+class GraphRewriter {
+ public:
+  GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer);
+
+  // Emits the quantized form of one weight; returns the format used (a Gemm that MatMulNBits
+  // cannot express falls back to dq) and the bytes written for it.
+  Format emit(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
+              uint64_t* bytes_out);
+
+  // Whether the graph will need opset 21 (any DequantizeLinear emitted, or possible fallback).
+  static bool format_needs_opset21(Format f) { return f != Format::kMatMulNBits; }
+
+  // Float initializers the quantized graph no longer reads.
+  const std::set<std::string>& removed_initializers() const { return removed_; }
+
+  // Splices new nodes in before their first consumer, replaces converted nodes, removes the
+  // dropped float initializers, and sets opset imports and the IR version.
+  void finish();
+
+ private:
+  std::string unique_name(const std::string& base);
+  onnx::TensorProto* add_initializer(const std::string& name, int dtype, const std::vector<int64_t>& dims,
+                                     const std::vector<uint8_t>& bytes);
+  bool gemm_fits_matmulnbits(const onnx::NodeProto& n, int64_t N) const;
+  void emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
+               bool with_quantize_node);
+  void emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                        const kernels::QuantResult& q);
+
+  onnx::ModelProto& model_;
+  Format format_;
+  ModelWriter& writer_;
+  std::set<std::string> names_;
+  std::unordered_map<std::string, const onnx::TensorProto*> initializers_;
+  std::map<int, std::vector<onnx::NodeProto>> insert_before_;
+  std::map<int, onnx::NodeProto> replace_;
+  std::set<std::string> removed_;
+  std::vector<onnx::TensorProto> new_initializers_;
+  uint64_t bytes_ = 0;
+  bool used_dq_ = false, used_contrib_ = false;
+};
+
+// Bytes of a float vector in dtype t (values must be representable in t).
+std::vector<uint8_t> encode_floats(DType t, const std::vector<float>& v);
+
+}  // namespace nibble

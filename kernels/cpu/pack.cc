@@ -1,0 +1,92 @@
+#include "kernels/cpu/pack.h"
+
+#include <stdexcept>
+
+#include "kernels/parallel.h"
+
+namespace nibble::kernels {
+
+std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) {
+  if (bits == 8) return codes;
+  if (bits != 4) throw std::invalid_argument("pack_onnx: bits must be 4 or 8");
+  std::vector<uint8_t> out((codes.size() + 1) / 2, 0);
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const uint8_t nib = codes[i] & 0x0f;
+    out[i / 2] |= (i & 1) ? uint8_t(nib << 4) : nib;
+  }
+  return out;
+}
+
+std::vector<uint8_t> unpack_onnx(const std::vector<uint8_t>& packed, size_t n, int bits) {
+  if (bits == 8) return std::vector<uint8_t>(packed.begin(), packed.begin() + long(n));
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = (i & 1) ? (packed[i / 2] >> 4) : (packed[i / 2] & 0x0f);
+  return out;
+}
+
+namespace {
+// Unsigned MatMulNBits code of a stored code byte.
+inline uint8_t unsigned_code(uint8_t code, int bits, bool zero_point) {
+  if (zero_point) return code;
+  return bits == 4 ? uint8_t((code ^ 0x08) & 0x0f) : uint8_t(code ^ 0x80);
+}
+}  // namespace
+
+std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
+                                             const QuantResult& q, int64_t layout_block) {
+  const int64_t K = shape.K(), N = shape.N(), G = q.groups;
+  if (layout_block != spec.block && G != 1)
+    throw std::invalid_argument("pack_matmulnbits_weight: padded layout needs a single block");
+  const int bits = spec.bits;
+  const int64_t blob = layout_block * bits / 8;
+  std::vector<uint8_t> out(size_t(N * G * blob), 0);
+  parallel_for(N, [&](int64_t n) {
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t zero_code =
+          spec.zero_point ? q.zero_points[size_t(shape.k_axis == 0 ? g * N + n : n * G + g)]
+                          : uint8_t(1 << (bits - 1));
+      uint8_t* dst = &out[size_t((n * G + g) * blob)];
+      for (int64_t j = 0; j < layout_block; ++j) {
+        const int64_t k = g * spec.block + j;
+        uint8_t u = zero_code;
+        if (k < K && j < spec.block) {
+          const size_t i = size_t(shape.k_axis == 0 ? k * N + n : n * K + k);
+          u = unsigned_code(q.codes[i], bits, spec.zero_point);
+        }
+        if (bits == 8) {
+          dst[j] = u;
+        } else {
+          dst[j / 2] |= (j & 1) ? uint8_t(u << 4) : u;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) {
+  const int64_t N = shape.N(), G = q.groups;
+  if (shape.k_axis == 1) return q.scales;  // already [N, G]
+  std::vector<float> out(size_t(N * G));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t n = 0; n < N; ++n) out[size_t(n * G + g)] = q.scales[size_t(g * N + n)];
+  return out;
+}
+
+std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
+                                                  const QuantResult& q) {
+  const int64_t N = shape.N(), G = q.groups;
+  const int bits = spec.bits;
+  const int64_t row = bits == 8 ? G : (G + 1) / 2;
+  std::vector<uint8_t> out(size_t(N * row), 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t z = q.zero_points[size_t(shape.k_axis == 0 ? g * N + n : n * G + g)];
+      uint8_t& dst = out[size_t(n * row + (bits == 8 ? g : g / 2))];
+      if (bits == 8) dst = z;
+      else dst |= (g & 1) ? uint8_t(z << 4) : z;
+    }
+  return out;
+}
+
+}  // namespace nibble::kernels

@@ -1,0 +1,133 @@
+#include "kernels/cpu/rtn_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/parallel.h"
+
+namespace nibble::kernels {
+namespace {
+
+// numpy divides fp16 arrays in fp32 and rounds the quotient to fp16; bf16 codes stay in fp32.
+inline float code_quotient(float w, float s, DType t) {
+  const float q = w / s;
+  return t == DType::kFloat16 ? round_to(t, q) : q;
+}
+
+constexpr int64_t kColsPerTile = 1024;  // axis-0 tiles: one block-row x this many columns
+constexpr int64_t kRowsPerTile = 16;    // axis-1 tiles: this many output channels
+
+}  // namespace
+
+float min_scale(DType t) { return round_to(t, 1e-5f); }
+
+BlockParams block_params_symmetric(float amax, int bits, DType t) {
+  const float qmax = float((1 << (bits - 1)) - 1);
+  BlockParams p;
+  p.scale = std::max(round_to(t, amax / qmax), min_scale(t));
+  return p;
+}
+
+BlockParams block_params_zero_point(float mn, float mx, int bits, DType t) {
+  const float maxq = float((1 << bits) - 1);
+  BlockParams p;
+  const float range = std::max(round_to(t, mx - mn), min_scale(t));
+  p.scale = round_to(t, range / maxq);
+  const float z = -std::nearbyint(round_to(t, mn / p.scale));
+  p.zero_point = uint8_t(std::clamp(z, 0.0f, maxq));
+  return p;
+}
+
+uint8_t quantize_value(float w, const BlockParams& p, int bits, bool zero_point, DType t) {
+  const float r = std::nearbyint(code_quotient(w, p.scale, t));
+  if (zero_point) {
+    const float maxq = float((1 << bits) - 1);
+    return uint8_t(std::clamp(r + float(p.zero_point), 0.0f, maxq));
+  }
+  const float lo = -float(1 << (bits - 1)), hi = float((1 << (bits - 1)) - 1);
+  return uint8_t(int8_t(std::clamp(r, lo, hi)));
+}
+
+float dequantize_value(uint8_t code, const BlockParams& p, int bits, bool zero_point) {
+  (void)bits;
+  const int q = zero_point ? int(code) - int(p.zero_point) : int(int8_t(code));
+  return float(q) * p.scale;
+}
+
+void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
+  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (spec.block <= 0) throw std::invalid_argument("block must be positive");
+  const int64_t K = w.K(), N = w.N(), bs = spec.block;
+  const int64_t G = num_blocks(K, bs);
+  const bool zp = spec.zero_point;
+  out.groups = G;
+  out.codes.assign(size_t(w.rows * w.cols), 0);
+  out.scales.assign(size_t(G * N), 0.0f);
+  out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
+
+  // Scales/zero points are stored [G, N] for k_axis 0 and [N, G] for k_axis 1.
+  auto param_index = [&](int64_t g, int64_t n) { return w.k_axis == 0 ? g * N + n : n * G + g; };
+  auto elem_index = [&](int64_t k, int64_t n) { return w.k_axis == 0 ? k * N + n : n * K + k; };
+
+  // One tile = a set of (block, channel) pairs; tiles are fixed by the shape alone.
+  int64_t tiles;
+  if (w.k_axis == 0) {
+    tiles = G * num_blocks(N, kColsPerTile);
+  } else {
+    tiles = num_blocks(N, kRowsPerTile);
+  }
+  std::vector<double> tile_error(size_t(tiles), 0.0);
+
+  auto do_block = [&](int64_t g, int64_t n, double& err) {
+    const int64_t k0 = g * bs, k1 = std::min(K, k0 + bs);
+    const bool partial = (k1 - k0) < bs;  // ModelOpt zero-pads the last block
+    BlockParams p;
+    if (zp) {
+      float mn = partial ? 0.0f : INFINITY, mx = partial ? 0.0f : -INFINITY;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float v = load_float(w.dtype, w.data, size_t(elem_index(k, n)));
+        mn = std::min(mn, v);
+        mx = std::max(mx, v);
+      }
+      p = block_params_zero_point(mn, mx, spec.bits, w.dtype);
+      out.zero_points[size_t(param_index(g, n))] = p.zero_point;
+    } else {
+      float amax = 0.0f;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float v = std::fabs(load_float(w.dtype, w.data, size_t(elem_index(k, n))));
+        amax = (v > amax || std::isnan(v)) ? v : amax;
+      }
+      p = block_params_symmetric(amax, spec.bits, w.dtype);
+    }
+    out.scales[size_t(param_index(g, n))] = p.scale;
+    for (int64_t k = k0; k < k1; ++k) {
+      const size_t i = size_t(elem_index(k, n));
+      const float v = load_float(w.dtype, w.data, i);
+      const uint8_t c = quantize_value(v, p, spec.bits, zp, w.dtype);
+      out.codes[i] = c;
+      const double d = double(v) - double(dequantize_value(c, p, spec.bits, zp));
+      err += d * d;
+    }
+  };
+
+  parallel_for(tiles, [&](int64_t t) {
+    double err = 0;
+    if (w.k_axis == 0) {
+      const int64_t col_tiles = num_blocks(N, kColsPerTile);
+      const int64_t g = t / col_tiles, c0 = (t % col_tiles) * kColsPerTile;
+      const int64_t c1 = std::min(N, c0 + kColsPerTile);
+      for (int64_t n = c0; n < c1; ++n) do_block(g, n, err);
+    } else {
+      const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t g = 0; g < G; ++g) do_block(g, n, err);
+    }
+    tile_error[size_t(t)] = err;
+  });
+  out.sq_error = 0;
+  for (double e : tile_error) out.sq_error += e;
+}
+
+}  // namespace nibble::kernels

@@ -1,0 +1,45 @@
+// Arrays in, arrays out: the shapes every backend agrees on. The kernels know no files or graphs.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace nibble::kernels {
+
+// A 2-D weight as stored: row-major [rows, cols] of a float type. k_axis says which axis is the
+// reduction dimension K (0 for MatMul's [K, N], 1 for Gemm transB's [N, K]); blocks always run
+// along K, so a block is `block` consecutive elements of one output channel.
+struct WeightMatrix {
+  DType dtype = DType::kFloat32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int k_axis = 0;
+
+  int64_t K() const { return k_axis == 0 ? rows : cols; }
+  int64_t N() const { return k_axis == 0 ? cols : rows; }
+};
+
+struct QuantSpec {
+  int bits = 4;             // 4 or 8
+  int64_t block = 128;      // resolved block length along K (K itself for per-channel)
+  bool zero_point = false;  // asymmetric codes in [0, 2^bits - 1] with a zero point per block
+};
+
+inline int64_t num_blocks(int64_t K, int64_t block) { return (K + block - 1) / block; }
+
+// Result of quantizing one weight. Codes keep the stored layout of the weight ([rows, cols]),
+// one byte per element: two's complement for symmetric codes (so the low nibble is the INT4
+// encoding), the unsigned code for zero-point mode. Scales and zero points are laid out as the
+// ONNX DequantizeLinear of the stored weight wants them: [G, N] when k_axis == 0, [N, G] when
+// k_axis == 1. Scales hold values exactly representable in the weight dtype.
+struct QuantResult {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  std::vector<uint8_t> zero_points;  // empty unless spec.zero_point
+  int64_t groups = 0;                // G = ceil(K / block)
+  double sq_error = 0;               // sum over elements of (w - dequant(q))^2
+};
+
+}  // namespace nibble::kernels

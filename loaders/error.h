@@ -1,0 +1,17 @@
+// The one error type for bad input and failed I/O: its message is the single line the user sees
+// after "nibble: error: ", so it names the file or tensor and the values that were wrong.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace nibble {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// errno text for messages about system calls.
+std::string errno_text(int err);
+
+}  // namespace nibble

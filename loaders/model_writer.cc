@@ -1,0 +1,193 @@
+#include "loaders/model_writer.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <filesystem>
+
+#include "loaders/error.h"
+
+namespace fs = std::filesystem;
+
+namespace nibble {
+namespace {
+
+const char kTmpTag[] = ".nibble-tmp-";
+
+std::string canonical_or_same(const std::string& p) {
+  std::error_code ec;
+  auto c = fs::weakly_canonical(p, ec);
+  return ec ? p : c.string();
+}
+
+}  // namespace
+
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto pos = name.rfind(kTmpTag);
+    if (name.empty() || name[0] != '.' || pos == std::string::npos) continue;
+    const std::string pid_str = name.substr(pos + sizeof(kTmpTag) - 1);
+    char* end = nullptr;
+    const long pid = std::strtol(pid_str.c_str(), &end, 10);
+    if (end == pid_str.c_str() || *end != '\0' || pid <= 0) continue;
+    if (::kill(pid_t(pid), 0) == 0 || errno == EPERM) continue;  // that run is still alive
+    fs::remove(e.path(), ec);
+  }
+}
+
+ModelWriter::ModelWriter(const std::string& out_path, const Options& options) {
+  if (out_path.empty()) throw Error("--output_path is empty");
+  fs::path out = fs::absolute(out_path);
+  if (out.filename().empty()) throw Error("--output_path " + out_path + " names a folder, not a file");
+  out_path_ = out.string();
+  data_location_ = out.filename().string() + ".data";
+  data_path_ = (out.parent_path() / data_location_).string();
+
+  const std::string out_c = canonical_or_same(out_path_), data_c = canonical_or_same(data_path_);
+  for (const auto& p : options.protected_paths) {
+    if (p == out_c) throw Error("output " + out_path_ + " is the input model itself: refusing to overwrite it");
+    if (p == data_c)
+      throw Error("output data file " + data_path_ + " is an input data file: refusing to overwrite it");
+  }
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) throw Error("--output_path " + out_path_ + " is a folder");
+  if (!options.force) {
+    if (fs::exists(out, ec)) throw Error("output " + out_path_ + " exists (use --force to overwrite)");
+    if (fs::exists(data_path_, ec))
+      throw Error("output data file " + data_path_ + " exists (use --force to overwrite)");
+  }
+
+  // Create the missing part of the output folder, remembering it so a failure removes it again.
+  fs::path dir = out.parent_path();
+  std::vector<fs::path> missing;
+  for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (!fs::create_directory(*it, ec) && ec)
+      throw Error("cannot create output folder " + it->string() + ": " + ec.message());
+    created_dirs_.push_back(it->string());
+  }
+  if (!fs::is_directory(dir, ec)) {
+    cleanup();
+    throw Error("output folder " + dir.string() + " is not a folder");
+  }
+  remove_stale_temporaries(dir.string());
+
+  const std::string tag = kTmpTag + std::to_string(::getpid());
+  tmp_graph_ = (dir / ("." + out.filename().string() + tag)).string();
+  tmp_data_ = (dir / ("." + data_location_ + tag)).string();
+  data_fd_ = ::open(tmp_data_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (data_fd_ < 0) {
+    const int e = errno;
+    cleanup();
+    throw Error("cannot write in output folder " + dir.string() + ": " + errno_text(e));
+  }
+}
+
+ModelWriter::~ModelWriter() {
+  if (!committed_) cleanup();
+}
+
+void ModelWriter::cleanup() noexcept {
+  if (data_fd_ >= 0) ::close(data_fd_);
+  data_fd_ = -1;
+  if (!tmp_data_.empty()) ::unlink(tmp_data_.c_str());
+  if (!tmp_graph_.empty()) ::unlink(tmp_graph_.c_str());
+  std::error_code ec;
+  for (auto it = created_dirs_.rbegin(); it != created_dirs_.rend(); ++it) fs::remove(*it, ec);
+  created_dirs_.clear();
+}
+
+void ModelWriter::write_all(int fd, const void* data, uint64_t n, const std::string& what) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, size_t(std::min<uint64_t>(n, 1u << 30)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error("writing " + what + ": " + errno_text(errno));
+    }
+    p += w;
+    n -= uint64_t(w);
+  }
+}
+
+void ModelWriter::put(onnx::TensorProto& t, const void* data, uint64_t n) {
+  // `data` may point into t itself (raw_data, float_data): use it before clearing any field.
+  auto clear_data = [&t] {
+    t.clear_raw_data();
+    t.clear_external_data();
+    t.clear_float_data();
+    t.clear_int32_data();
+    t.clear_int64_data();
+    t.clear_double_data();
+    t.clear_uint64_data();
+    t.clear_data_location();
+  };
+  if (n < kInlineThreshold) {
+    std::string bytes(static_cast<const char*>(data), size_t(n));
+    clear_data();
+    t.set_raw_data(std::move(bytes));
+    return;
+  }
+  // Large tensors start on a page boundary so ONNX Runtime can map them.
+  const uint64_t align = n >= 4096 ? 4096 : 64;
+  const uint64_t pad = (align - data_size_ % align) % align;
+  if (pad) {
+    static const uint8_t zeros[4096] = {};
+    write_all(data_fd_, zeros, pad, data_path_);
+    data_size_ += pad;
+  }
+  write_all(data_fd_, data, n, data_path_);
+  clear_data();
+  t.set_data_location(onnx::TensorProto::EXTERNAL);
+  auto add = [&](const char* k, const std::string& v) {
+    auto* e = t.add_external_data();
+    e->set_key(k);
+    e->set_value(v);
+  };
+  add("location", data_location_);
+  add("offset", std::to_string(data_size_));
+  add("length", std::to_string(n));
+  data_size_ += n;
+}
+
+void ModelWriter::commit(const onnx::ModelProto& model) {
+  const size_t size = model.ByteSizeLong();
+  if (size > size_t(INT_MAX))
+    throw Error("the output graph would be " + std::to_string(size >> 20) +
+                " MiB, over protobuf's 2 GiB limit");
+  std::string bytes;
+  if (!model.SerializeToString(&bytes)) throw Error("cannot serialize the output graph");
+  const int fd = ::open(tmp_graph_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write " + tmp_graph_ + ": " + errno_text(errno));
+  try {
+    write_all(fd, bytes.data(), bytes.size(), out_path_);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw Error("writing " + out_path_ + ": " + errno_text(errno));
+  if (::close(data_fd_) != 0) {
+    data_fd_ = -1;
+    throw Error("writing " + data_path_ + ": " + errno_text(errno));
+  }
+  data_fd_ = -1;
+  // Data first: a graph in place always has its data beside it.
+  if (::rename(tmp_data_.c_str(), data_path_.c_str()) != 0)
+    throw Error("cannot rename into " + data_path_ + ": " + errno_text(errno));
+  if (::rename(tmp_graph_.c_str(), out_path_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(data_path_.c_str());
+    throw Error("cannot rename into " + out_path_ + ": " + errno_text(e));
+  }
+  committed_ = true;
+}
+
+}  // namespace nibble

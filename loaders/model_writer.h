@@ -1,0 +1,57 @@
+// Streams a quantized model to disk: tensors are appended to one external data file as they
+// are produced, the graph is written last. Everything goes to hidden temporary names in the
+// output folder and is renamed into place by commit(); a writer destroyed without commit()
+// (any error, any exception) removes what it wrote, so a failed run leaves no half model.
+#pragma once
+#include <onnx/onnx-ml.pb.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nibble {
+
+class ModelWriter {
+ public:
+  struct Options {
+    bool force = false;                         // overwrite an existing output
+    std::vector<std::string> protected_paths;   // input files that must never be written
+  };
+
+  // Checks the output path (refuses an existing output without force, or any input file),
+  // creates a missing output folder and opens the temporary data file. Throws Error.
+  ModelWriter(const std::string& out_path, const Options& options);
+  ~ModelWriter();
+  ModelWriter(const ModelWriter&) = delete;
+  ModelWriter& operator=(const ModelWriter&) = delete;
+
+  // Stores `n` bytes as the data of tensor `t`: inline raw_data below the size threshold,
+  // otherwise appended to the external data file (t gets location/offset/length).
+  void put(onnx::TensorProto& t, const void* data, uint64_t n);
+
+  // Writes the graph and renames the data and graph files into place.
+  void commit(const onnx::ModelProto& model);
+
+  const std::string& out_path() const { return out_path_; }
+  const std::string& data_path() const { return data_path_; }
+  uint64_t data_bytes() const { return data_size_; }
+
+  // Tensors smaller than this stay inline in the graph (as onnx.save's size_threshold).
+  static constexpr uint64_t kInlineThreshold = 1024;
+
+ private:
+  void write_all(int fd, const void* data, uint64_t n, const std::string& what);
+  void cleanup() noexcept;
+
+  std::string out_path_, data_path_, data_location_;
+  std::string tmp_graph_, tmp_data_;
+  std::vector<std::string> created_dirs_;
+  int data_fd_ = -1;
+  uint64_t data_size_ = 0;
+  bool committed_ = false;
+};
+
+// Removes temporary files left in `dir` by nibble runs that were killed (their pid is gone).
+void remove_stale_temporaries(const std::string& dir);
+
+}  // namespace nibble

@@ -25,6 +25,7 @@ std::unique_ptr<Backend> make_backend(Device device, std::string* why) {
 #ifdef NIBBLE_WITH_CUDA
   const int n = cuda::device_count(&reason);
   if (n > 0) reason = "found " + cuda::device_name() + ", but the CUDA kernels are not implemented yet";
+  else reason = "no usable CUDA device (" + reason + ")";
 #else
   reason = "this build has no CUDA backend (configure with -DNIBBLE_CUDA=ON)";
 #endif

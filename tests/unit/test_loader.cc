@@ -1,1 +1,201 @@
+// The loader refuses every malformed model with a clear Error, and the writer leaves nothing
+// behind unless it commits.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "loaders/error.h"
+#include "loaders/model_writer.h"
+#include "loaders/onnx_model.h"
+
+namespace fs = std::filesystem;
+using namespace nibble;
+
+namespace {
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("nibble_loader_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A one-MatMul model whose weight [4, 2] fp32 lives in `location` at `offset`.
+  onnx::ModelProto model(const std::string& location, uint64_t offset, uint64_t length) {
+    onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    auto* g = m.mutable_graph();
+    auto* n = g->add_node();
+    n->set_op_type("MatMul");
+    n->set_name("/model/layers.0/mlp/up_proj/MatMul");
+    n->add_input("x");
+    n->add_input("w");
+    n->add_output("y");
+    auto* t = g->add_initializer();
+    t->set_name("w");
+    t->set_data_type(1);
+    t->add_dims(4);
+    t->add_dims(2);
+    t->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&](const char* k, const std::string& v) {
+      auto* e = t->add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    };
+    add("location", location);
+    add("offset", std::to_string(offset));
+    add("length", std::to_string(length));
+    return m;
+  }
+
+  std::string save(const onnx::ModelProto& m, const std::string& name = "m.onnx") {
+    const std::string p = (dir_ / name).string();
+    std::ofstream f(p, std::ios::binary);
+    m.SerializeToOstream(&f);
+    return p;
+  }
+
+  void write_data(const std::string& name, size_t n) {
+    std::ofstream f(dir_ / name, std::ios::binary);
+    std::vector<float> v(n / 4);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(n));
+  }
+
+  // Loads and views the weight; returns the Error text ("" when fine).
+  std::string load_error(const std::string& path) {
+    try {
+      auto m = OnnxModel::load(path);
+      m->view(*m->initializer("w"));
+      return "";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(LoaderTest, ExternalWeightIsAViewIntoTheMap) {
+  write_data("w.bin", 64);
+  auto m = OnnxModel::load(save(model("w.bin", 16, 32)));
+  TensorView v = m->view(*m->initializer("w"));
+  ASSERT_TRUE(v.external);
+  EXPECT_EQ(v.nbytes, 32u);
+  EXPECT_EQ(v.dims, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(reinterpret_cast<const float*>(v.data)[0], 4.0f);  // offset 16 = element 4
+  EXPECT_EQ(v.owned, nullptr);
+  EXPECT_EQ(m->input_files().size(), 2u);
+}
+
+TEST_F(LoaderTest, RejectsBadExternalData) {
+  write_data("w.bin", 64);
+  EXPECT_NE(load_error(save(model("w.bin", 48, 32))).find("outside"), std::string::npos);
+  EXPECT_NE(load_error(save(model("w.bin", 0, 30))).find("does not match"), std::string::npos);
+  EXPECT_NE(load_error(save(model("missing.bin", 0, 32))).find("missing"), std::string::npos);
+  EXPECT_NE(load_error(save(model("../w.bin", 0, 32))).find("escapes the model folder"), std::string::npos);
+  EXPECT_NE(load_error(save(model("/etc/passwd", 0, 32))).find("absolute"), std::string::npos);
+  fs::create_symlink("/etc/hostname", dir_ / "link.bin");
+  EXPECT_NE(load_error(save(model("link.bin", 0, 32))).find("outside the model folder"), std::string::npos);
+  auto m = model("w.bin", 0, 32);
+  m.mutable_graph()->mutable_initializer(0)->mutable_external_data(1)->set_value("-5");
+  EXPECT_NE(load_error(save(m)).find("not a non-negative integer"), std::string::npos);
+}
+
+TEST_F(LoaderTest, RejectsBadShapesAndInlineData) {
+  write_data("w.bin", 64);
+  auto m = model("w.bin", 0, 32);
+  m.mutable_graph()->mutable_initializer(0)->set_dims(0, -4);
+  EXPECT_NE(load_error(save(m)).find("negative"), std::string::npos);
+  m.mutable_graph()->mutable_initializer(0)->set_dims(0, int64_t(1) << 62);
+  m.mutable_graph()->mutable_initializer(0)->set_dims(1, 16);
+  EXPECT_NE(load_error(save(m)).find("overflows"), std::string::npos);
+
+  auto inl = model("w.bin", 0, 32);
+  auto* t = inl.mutable_graph()->mutable_initializer(0);
+  t->clear_external_data();
+  t->clear_data_location();
+  t->set_raw_data(std::string(12, '\0'));
+  EXPECT_NE(load_error(save(inl)).find("raw_data holds 12 bytes"), std::string::npos);
+  t->clear_raw_data();
+  for (int i = 0; i < 8; ++i) t->add_float_data(float(i));
+  EXPECT_EQ(load_error(save(inl)), "");
+  t->set_data_type(10);  // fp16 in int32_data
+  t->clear_float_data();
+  for (int i = 0; i < 8; ++i) t->add_int32_data(0x3c00);
+  auto mm = OnnxModel::load(save(inl));
+  TensorView v = mm->view(*mm->initializer("w"));
+  EXPECT_EQ(reinterpret_cast<const uint16_t*>(v.data)[7], 0x3c00);
+  ASSERT_NE(v.owned, nullptr);
+}
+
+TEST_F(LoaderTest, RejectsNonModels) {
+  const std::string junk = (dir_ / "junk.onnx").string();
+  std::ofstream(junk) << "this is not a protobuf at all \x01\x02\xff";
+  EXPECT_NE(load_error(junk).find("not a valid ONNX model"), std::string::npos);
+  write_data("w.bin", 64);
+  std::string bytes;
+  model("w.bin", 0, 32).SerializeToString(&bytes);
+  const std::string cut = (dir_ / "cut.onnx").string();
+  std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  EXPECT_NE(load_error(cut), "");
+  std::ofstream(dir_ / "empty.onnx");
+  EXPECT_NE(load_error((dir_ / "empty.onnx").string()).find("empty"), std::string::npos);
+  EXPECT_NE(load_error((dir_ / "nope.onnx").string()).find("does not exist"), std::string::npos);
+}
+
+TEST_F(LoaderTest, WriterLeavesNothingWithoutCommit) {
+  const std::string out = (dir_ / "sub" / "deeper" / "out.onnx").string();
+  {
+    ModelWriter w(out, {});
+    onnx::TensorProto t;
+    std::vector<uint8_t> big(5000, 7);
+    w.put(t, big.data(), big.size());
+    EXPECT_EQ(t.data_location(), onnx::TensorProto::EXTERNAL);
+  }  // destroyed without commit: as if an error was thrown
+  EXPECT_FALSE(fs::exists(dir_ / "sub"));  // the folders it created are gone too
+}
+
+TEST_F(LoaderTest, WriterCommitsAndRefusesToOverwrite) {
+  const std::string out = (dir_ / "out.onnx").string();
+  onnx::ModelProto m = model("out.onnx.data", 0, 32);
+  {
+    ModelWriter w(out, {});
+    onnx::TensorProto small, big;
+    std::vector<uint8_t> a(10, 1), b(5000, 2);
+    w.put(small, a.data(), a.size());
+    w.put(big, b.data(), b.size());
+    EXPECT_EQ(small.raw_data().size(), 10u);  // below the inline threshold
+    EXPECT_EQ(big.external_data(1).value(), "0");
+    w.commit(m);
+  }
+  EXPECT_TRUE(fs::exists(out));
+  EXPECT_EQ(fs::file_size(dir_ / "out.onnx.data"), 5000u);
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".nibble-tmp-"), std::string::npos);
+  EXPECT_THROW(ModelWriter(out, {}), Error);
+  ModelWriter::Options force;
+  force.force = true;
+  EXPECT_NO_THROW(ModelWriter(out, force));
+  ModelWriter::Options prot;
+  prot.force = true;
+  prot.protected_paths = {fs::weakly_canonical(out).string()};
+  EXPECT_THROW(ModelWriter(out, prot), Error);
+}
+
+TEST_F(LoaderTest, StaleTemporariesOfDeadRunsAreRemoved) {
+  std::ofstream(dir_ / ".out.onnx.nibble-tmp-999999999") << "x";
+  const std::string mine = ".out.onnx.nibble-tmp-" + std::to_string(::getpid());
+  std::ofstream(dir_ / mine) << "x";
+  remove_stale_temporaries(dir_.string());
+  EXPECT_FALSE(fs::exists(dir_ / ".out.onnx.nibble-tmp-999999999"));
+  EXPECT_TRUE(fs::exists(dir_ / mine));  // a live run's files stay
+}

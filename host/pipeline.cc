@@ -92,7 +92,6 @@ int run_quantize(const QuantizeOptions& o) {
   auto backend = kernels::make_backend(
       o.device == "cpu" ? kernels::Device::kCpu : o.device == "cuda" ? kernels::Device::kCuda : kernels::Device::kAuto,
       &why);
-  spdlog::info("{} ({} threads)", why, kernels::num_threads());
 
   auto model = OnnxModel::load(o.onnx_path);
   const std::vector<std::string> inputs = model->input_files();  // checks every location
@@ -133,6 +132,8 @@ int run_quantize(const QuantizeOptions& o) {
   wopt.protected_paths = inputs;
   ModelWriter writer(o.output_path, wopt);
   GraphRewriter rewriter(model->proto(), format, writer);
+  // Logged only now: bad input fails above with its one error line and nothing else.
+  spdlog::info("{} ({} threads)", why, kernels::num_threads());
 
   uint64_t total_in = 0;
   for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);

@@ -184,9 +184,9 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
     const onnx::NodeProto& old = model_.graph().node(i);
     onnx::NodeProto n;
     std::string name = old.name();
-    const std::string suffix = "/" + old.op_type();
+    const std::string suffix = "/MatMul";  // ORT-GenAI's own int4 models name them .../MatMulNBits
     if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      name = name.substr(0, name.size() - old.op_type().size()) + "MatMulNBits";
+      name = name.substr(0, name.size() - 6) + "MatMulNBits";
     else
       name += "_Q4";
     n.set_name(unique_name(name));

@@ -107,7 +107,8 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
       const float v = load_float(w.dtype, w.data, i);
       const uint8_t c = quantize_value(v, p, spec.bits, zp, w.dtype);
       out.codes[i] = c;
-      const double d = double(v) - double(dequantize_value(c, p, spec.bits, zp));
+      // The error of the weight the model will really use: DequantizeLinear's output dtype.
+      const double d = double(v) - double(round_to(w.dtype, dequantize_value(c, p, spec.bits, zp)));
       err += d * d;
     }
   };

@@ -13,8 +13,9 @@ Runs, one after the other (never in parallel: the box has 2 cores), each measure
   ort_sym   .venv-ortq/bin/python bench/run_ort_quantizer.py --block_size B --symmetric
 A tool whose binary or venv is missing is reported as such and skipped.  Before the runs the model files are
 read once so that every tool starts with a warm page cache.  With --repeat N each tool runs N times and the
-table shows the fastest wall time and the largest peak RSS.  Prints a markdown table with nibble/peer ratios
-(< 1 means nibble is smaller/faster).
+table shows the fastest run (wall and CPU = user+sys of that run) and the largest peak RSS.  "model MB" counts
+model.onnx and its external data only (nibble also copies tokenizer/GenAI files next to its output; all files
+are in the JSON).  Prints a markdown table with nibble/peer ratios (< 1 means nibble is smaller/faster).
 
 --check-parity (needs onnx + numpy in the running interpreter: use .venv-ortq/bin/python or .venv/bin/python)
 compares nibble's and ModelOpt's outputs: for every ModelOpt ``<w>_i4`` initializer, whether nibble's
@@ -107,6 +108,10 @@ def run_all(args):
             best["all_wall_s"], best["all_peak_rss_mb"] = r["all_wall_s"], r["all_peak_rss_mb"]
             best["peak_rss_mb"] = max(r["all_peak_rss_mb"])  # ... with the largest peak RSS of all runs
         best["output_path"] = out
+        # model size = the .onnx file and its external data (nibble also copies tokenizer/GenAI files)
+        best["model_bytes"] = sum(f["bytes"] for f in best.get("output_files", [])
+                                  if os.path.basename(f["path"]).startswith("model.onnx"))
+        best["model_mb"] = round(best["model_bytes"] / 2**20, 3)
         results[tool] = best
     return results
 
@@ -117,24 +122,25 @@ def fmt_ratio(a, b):
 
 def print_table(results, model):
     print(f"\n### RTN INT4 (block {ARGS.block_size}) on `{model}`\n")
-    print("| tool | wall s | peak RSS MB | output MB | nibble/peer wall | nibble/peer RSS | nibble/peer size |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| tool | wall s | CPU s | peak RSS MB | model MB | nibble/peer wall | nibble/peer RSS | nibble/peer size |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     nb = results.get("nibble", {})
     ok_nb = nb.get("rc") == 0
     for tool, r in results.items():
         if "skipped" in r:
-            print(f"| {tool} | – | – | – | {r['skipped']} | | |")
+            print(f"| {tool} | – | – | – | – | {r['skipped']} | | |")
             continue
         if r.get("rc") != 0:
             what = "timed out" if r.get("timed_out") else f"FAILED rc={r.get('rc')} {r.get('error', '')}"
-            print(f"| {tool} | {r.get('wall_s', '–')} | {r.get('peak_rss_mb', '–')} | – | {what} (log {r.get('log')}) | | |")
+            print(f"| {tool} | {r.get('wall_s', '–')} | – | {r.get('peak_rss_mb', '–')} | – | {what} (log {r.get('log')}) | | |")
             continue
         if tool != "nibble" and ok_nb:
             ratios = [fmt_ratio(nb["wall_s"], r["wall_s"]), fmt_ratio(nb["peak_rss_mb"], r["peak_rss_mb"]),
-                      fmt_ratio(nb["output_mb"], r["output_mb"])]
+                      fmt_ratio(nb["model_mb"], r["model_mb"])]
         else:
             ratios = ["", "", ""]
-        print(f"| {tool} | {r['wall_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['output_mb']:.1f} | "
+        print(f"| {tool} | {r['wall_s']:.2f} | {r['user_s'] + r['sys_s']:.2f} | {r['peak_rss_mb']:.0f} | "
+              f"{r['model_mb']:.1f} | "
               + " | ".join(ratios) + " |")
 
 

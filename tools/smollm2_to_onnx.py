@@ -193,7 +193,6 @@ def build_onnx(gm: GGUFModel, out_dir: str, dtype: str = "fp32", log=print,
     """primitive_layernorm: write the one non-skip SimplifiedLayerNormalization (a contrib op that
     ORT registers in the default ONNX domain, which onnx.checker rejects) as standard ops, as the
     builder does for TensorRT-RTX. The com.microsoft ops stay (onnx.checker skips that domain)."""
-    import onnx
     from onnx import TensorProto, helper
 
     np_dt = {"fp32": np.float32, "fp16": np.float16}[dtype]
@@ -451,7 +450,7 @@ def write_genai_config(gm: GGUFModel, out_dir: str, dtype: str):
             "diversity_penalty": 0.0, "do_sample": False, "early_stopping": True,
             "length_penalty": 1.0, "max_length": c["context_length"], "min_length": 0,
             "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1,
-            "past_present_share_buffer": False, "repetition_penalty": 1.0,
+            "past_present_share_buffer": True, "repetition_penalty": 1.0,
             "temperature": 1.0, "top_k": 1, "top_p": 1.0,
         },
     }

@@ -51,6 +51,8 @@ std::string shape_str(const PlannedWeight& pw) {
 
 // A kernel producing NaN/Inf scales means the weight itself holds NaN/Inf: say where.
 void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
+  if (!std::isfinite(q.sq_error))
+    throw Error("weight '" + pw.weight + "' holds NaN or Inf values: it cannot be quantized");
   for (size_t i = 0; i < q.scales.size(); ++i)
     if (!std::isfinite(q.scales[i]))
       throw Error("weight '" + pw.weight + "': block " + std::to_string(i) +

@@ -1,6 +1,6 @@
-// The CPU backend: the reference kernels themselves (multi-threaded through parallel_for).
+// The CPU backend: the fast CPU kernels, each tested bit for bit against its reference.
 #include "kernels/backend.h"
-#include "kernels/cpu/rtn_ref.h"
+#include "kernels/cpu/rtn_fast.h"
 
 namespace nibble::kernels {
 namespace {
@@ -9,7 +9,7 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override {
-    rtn_quantize_ref(w, spec, out);
+    rtn_quantize_fast(w, spec, out);
   }
 };
 

@@ -9,11 +9,10 @@ namespace nibble::kernels {
 std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) {
   if (bits == 8) return codes;
   if (bits != 4) throw std::invalid_argument("pack_onnx: bits must be 4 or 8");
-  std::vector<uint8_t> out((codes.size() + 1) / 2, 0);
-  for (size_t i = 0; i < codes.size(); ++i) {
-    const uint8_t nib = codes[i] & 0x0f;
-    out[i / 2] |= (i & 1) ? uint8_t(nib << 4) : nib;
-  }
+  const size_t n = codes.size();
+  std::vector<uint8_t> out((n + 1) / 2, 0);
+  for (size_t i = 0; i + 1 < n; i += 2) out[i / 2] = uint8_t((codes[i] & 0x0f) | (codes[i + 1] << 4));
+  if (n & 1) out[n / 2] = codes[n - 1] & 0x0f;
   return out;
 }
 

@@ -203,10 +203,10 @@ int run_quantize(const QuantizeOptions& o) {
     if (rewriter.removed_initializers().count(t.name())) continue;
     const bool external = t.data_location() == onnx::TensorProto::EXTERNAL;
     if (!external && t.raw_data().size() < ModelWriter::kInlineThreshold) continue;
-    TensorView v = model->view(t);
-    writer.put(t, v.data, v.nbytes);
+    TensorView v = model->view(t);  // checks the range
+    if (external) writer.put_from_file(t, model->external_path(v), v.ref.offset, v.nbytes);
+    else writer.put(t, v.data, v.nbytes);
     copied += v.nbytes;
-    model->release(v);
   }
   rewriter.finish();
   auto* meta = model->proto().add_metadata_props();

@@ -118,24 +118,20 @@ void ModelWriter::write_all(int fd, const void* data, uint64_t n, const std::str
   }
 }
 
-void ModelWriter::put(onnx::TensorProto& t, const void* data, uint64_t n) {
-  // `data` may point into t itself (raw_data, float_data): use it before clearing any field.
-  auto clear_data = [&t] {
-    t.clear_raw_data();
-    t.clear_external_data();
-    t.clear_float_data();
-    t.clear_int32_data();
-    t.clear_int64_data();
-    t.clear_double_data();
-    t.clear_uint64_data();
-    t.clear_data_location();
-  };
-  if (n < kInlineThreshold) {
-    std::string bytes(static_cast<const char*>(data), size_t(n));
-    clear_data();
-    t.set_raw_data(std::move(bytes));
-    return;
-  }
+namespace {
+void clear_data(onnx::TensorProto& t) {
+  t.clear_raw_data();
+  t.clear_external_data();
+  t.clear_float_data();
+  t.clear_int32_data();
+  t.clear_int64_data();
+  t.clear_double_data();
+  t.clear_uint64_data();
+  t.clear_data_location();
+}
+}  // namespace
+
+uint64_t ModelWriter::align_for(uint64_t n) {
   // Large tensors start on a page boundary so ONNX Runtime can map them.
   const uint64_t align = n >= 4096 ? 4096 : 64;
   const uint64_t pad = (align - data_size_ % align) % align;
@@ -144,8 +140,11 @@ void ModelWriter::put(onnx::TensorProto& t, const void* data, uint64_t n) {
     write_all(data_fd_, zeros, pad, data_path_);
     data_size_ += pad;
   }
-  write_all(data_fd_, data, n, data_path_);
-  clear_data();
+  return data_size_;
+}
+
+void ModelWriter::set_external(onnx::TensorProto& t, uint64_t offset, uint64_t n) {
+  clear_data(t);
   t.set_data_location(onnx::TensorProto::EXTERNAL);
   auto add = [&](const char* k, const std::string& v) {
     auto* e = t.add_external_data();
@@ -153,9 +152,55 @@ void ModelWriter::put(onnx::TensorProto& t, const void* data, uint64_t n) {
     e->set_value(v);
   };
   add("location", data_location_);
-  add("offset", std::to_string(data_size_));
+  add("offset", std::to_string(offset));
   add("length", std::to_string(n));
-  data_size_ += n;
+  data_size_ = offset + n;
+}
+
+void ModelWriter::put(onnx::TensorProto& t, const void* data, uint64_t n) {
+  // `data` may point into t itself (raw_data, float_data): use it before clearing any field.
+  if (n < kInlineThreshold) {
+    std::string bytes(static_cast<const char*>(data), size_t(n));
+    clear_data(t);
+    t.set_raw_data(std::move(bytes));
+    return;
+  }
+  const uint64_t offset = align_for(n);
+  write_all(data_fd_, data, n, data_path_);
+  set_external(t, offset, n);
+}
+
+void ModelWriter::put_from_file(onnx::TensorProto& t, const std::string& src_path, uint64_t offset, uint64_t n) {
+  const int src = ::open(src_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (src < 0) throw Error("cannot open " + src_path + ": " + errno_text(errno));
+  const uint64_t dst_offset = align_for(n);
+  loff_t in = loff_t(offset), out = loff_t(dst_offset);
+  uint64_t left = n;
+  std::vector<uint8_t> buffer;
+  while (left > 0) {
+    ssize_t c = ::copy_file_range(src, &in, data_fd_, &out, size_t(std::min<uint64_t>(left, 1u << 30)), 0);
+    if (c < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+      // Filesystems without in-kernel copy: plain reads and writes.
+      buffer.resize(1 << 22);
+      c = ::pread(src, buffer.data(), size_t(std::min<uint64_t>(left, buffer.size())), in);
+      if (c > 0) {
+        if (::lseek(data_fd_, out, SEEK_SET) < 0) c = -1;
+        else write_all(data_fd_, buffer.data(), uint64_t(c), data_path_);
+        in += c;
+        out += c;
+      }
+    }
+    if (c < 0 && errno == EINTR) continue;
+    if (c <= 0) {
+      const int e = c < 0 ? errno : EIO;
+      ::close(src);
+      throw Error("copying tensor '" + t.name() + "' to " + data_path_ + ": " + errno_text(e));
+    }
+    left -= uint64_t(c);
+  }
+  ::close(src);
+  if (::lseek(data_fd_, out, SEEK_SET) < 0) throw Error("seeking in " + data_path_ + ": " + errno_text(errno));
+  set_external(t, dst_offset, n);
 }
 
 void ModelWriter::commit(const onnx::ModelProto& model) {

@@ -29,6 +29,10 @@ class ModelWriter {
   // otherwise appended to the external data file (t gets location/offset/length).
   void put(onnx::TensorProto& t, const void* data, uint64_t n);
 
+  // As put(), with the bytes copied from [offset, offset + n) of the file `src_path` inside the
+  // kernel (copy_file_range: no pages of the source are mapped into this process).
+  void put_from_file(onnx::TensorProto& t, const std::string& src_path, uint64_t offset, uint64_t n);
+
   // Writes the graph and renames the data and graph files into place.
   void commit(const onnx::ModelProto& model);
 
@@ -41,6 +45,9 @@ class ModelWriter {
 
  private:
   void write_all(int fd, const void* data, uint64_t n, const std::string& what);
+  // Pads the data file for a tensor of n bytes; returns its offset.
+  uint64_t align_for(uint64_t n);
+  void set_external(onnx::TensorProto& t, uint64_t offset, uint64_t n);
   void cleanup() noexcept;
 
   std::string out_path_, data_path_, data_location_;

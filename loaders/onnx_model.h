@@ -29,6 +29,8 @@ class OnnxModel {
   // Checked view of a tensor's bytes (external or inline). Float weights stored in typed fields
   // (float_data, fp16/bf16 in int32_data) are viewed as their raw little-endian bytes.
   TensorView view(const onnx::TensorProto& t);
+  // Canonical path of the file an external view reads from.
+  std::string external_path(const TensorView& v) const { return external_->resolve(v.name, v.ref.location); }
   // Drops the resident pages of an external tensor once it has been processed.
   void release(const TensorView& v);
 

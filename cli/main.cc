@@ -16,7 +16,8 @@ namespace {
 constexpr const char* kAlgoHelp =
     "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
     "calibration, fastest. rtn: round-to-nearest, QuantizeLinear->DequantizeLinear on the float weight. "
-    "awq_lite / awq_clip / awq_full: activation-aware search (need calibration; not implemented yet)";
+    "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip / awq_full: not "
+    "implemented yet";
 
 void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_option("--onnx_path", o.onnx_path, "Input ONNX model (external data beside it)")->required();
@@ -70,6 +71,16 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
                "Regexes matched at the start of node names (Python re.match); matching nodes stay float. "
                "Default: /lm_head. Pass '' to exclude nothing")
       ->capture_default_str();
+  q.add_option("--awq_mode", o.awq_mode,
+               "AWQ arithmetic: nibble (contiguous blocks, honoured alpha step, padding masked, joint sibling "
+               "search) or modelopt (ModelOpt 0.47's arithmetic and quirks, for bit-exact comparison)")
+      ->capture_default_str();
+  q.add_option("--calib_data", o.calib_data, "Calibration from an .npz of ready model inputs (axis 0 = samples) "
+               "instead of --dataset");
+  q.add_option("--calib_seq_len", o.calib_seq_len, "Tokens per calibration sample (ModelOpt: 512)")
+      ->capture_default_str();
+  q.add_option("--calib_cache", o.calib_cache, "Keep the calibration statistics in this folder and reuse them "
+               "when the model, data and settings match");
   q.add_option("--model_name", o.model_name, "Folder with the tokenizer (default: the model's folder)");
   q.add_option("--device", o.device, "auto, cuda or cpu (auto: CUDA when a device is present)")
       ->capture_default_str();

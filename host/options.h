@@ -40,6 +40,10 @@ struct QuantizeOptions {
   std::vector<std::string> nodes_to_exclude{"/lm_head"};
   std::string model_name;
   // nibble's own
+  std::string calib_data;     // .npz of ready model inputs instead of --dataset
+  int64_t calib_seq_len = 512;
+  std::string calib_cache;    // keep calibration statistics here and reuse them
+  std::string awq_mode = "nibble";  // modelopt: ModelOpt's arithmetic and quirks; nibble: fixed
   std::string device = "auto";
   std::string format;  // empty: dq for rtn_dq and the AWQ algorithms, qdq for rtn
   int threads = 0;     // 0: all cores

@@ -8,12 +8,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "host/awq.h"
+#include "host/calibration.h"
 #include "host/opset.h"
 #include "host/plan.h"
 #include "host/progress.h"
 #include "host/report.h"
 #include "host/rewrite.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/awq_ref.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
 #include "loaders/genai_folder.h"
@@ -65,9 +68,15 @@ void validate_options(const QuantizeOptions& o) {
   static const std::vector<std::string> algos = {"awq_lite", "awq_clip", "awq_full", "rtn", "rtn_dq"};
   if (std::find(algos.begin(), algos.end(), o.algo) == algos.end())
     throw Error("--algo " + o.algo + " is unknown (choose awq_lite, awq_clip, awq_full, rtn or rtn_dq)");
-  if (o.algo != "rtn" && o.algo != "rtn_dq")
-    throw Error("--algo " + o.algo +
-                " is not implemented yet: this build quantizes with round-to-nearest only (--algo rtn_dq or rtn)");
+  if (o.algo == "awq_clip" || o.algo == "awq_full")
+    throw Error("--algo " + o.algo + " is not implemented yet (issue 9): use --algo awq_lite, rtn_dq or rtn");
+  if (o.awq_mode != "nibble" && o.awq_mode != "modelopt")
+    throw Error("--awq_mode " + o.awq_mode + " is unknown (choose nibble or modelopt)");
+  if (o.awqlite_alpha_step <= 0 || o.awqlite_alpha_step > 1)
+    throw Error("--awqlite_alpha_step must be in (0, 1]");
+  if (o.calib_size < 1) throw Error("--calib_size must be at least 1");
+  if (o.batch_size < 1) throw Error("--batch_size must be at least 1");
+  if (o.calib_seq_len < 1) throw Error("--calib_seq_len must be at least 1");
   if (!o.format.empty() && o.format != "dq" && o.format != "qdq" && o.format != "matmulnbits")
     throw Error("--format " + o.format + " is unknown (choose dq, qdq or matmulnbits)");
   const int64_t b = o.block_size;
@@ -129,6 +138,28 @@ int run_quantize(const QuantizeOptions& o) {
       throw Error("output folder " + out_dir.string() + " already has genai_config.json (use --force to overwrite)");
   }
 
+  const bool awq = o.algo == "awq_lite";
+  const bool modelopt_mode = o.awq_mode == "modelopt";
+  std::map<std::string, AwqChoice> choices;
+  std::unique_ptr<Calibration> calib;
+  if (awq) {
+    if (!o.force) {  // fail before minutes of calibration, not after
+      std::error_code ec;
+      if (std::filesystem::exists(o.output_path, ec))
+        throw Error("output " + o.output_path + " exists (use --force to overwrite)");
+    }
+    std::vector<Calibration::Request> acts;
+    for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
+    const auto tc = clock::now();
+    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode);
+    spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", calib->tokens(), acts.size(),
+                 std::chrono::duration<double>(clock::now() - tc).count());
+    const auto ts = clock::now();
+    choices = awq_lite_search(*model, plan, *calib, o, modelopt_mode);
+    spdlog::info("awq-lite search ({} mode): {:.1f} s", o.awq_mode,
+                 std::chrono::duration<double>(clock::now() - ts).count());
+  }
+
   ModelWriter::Options wopt;
   wopt.force = o.force;
   wopt.protected_paths = inputs;
@@ -141,6 +172,8 @@ int run_quantize(const QuantizeOptions& o) {
   for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   spdlog::info("quantizing {} weights ({}) of {}: {} INT{} block {} -> {}", plan.weights.size(),
                human_bytes(total_in), o.onnx_path, o.algo, 4, o.block_size, format_name(format));
+  std::map<std::string, std::vector<float>> column_divisors;
+  if (awq) column_divisors = place_awq_scales(*model, plan, choices, rewriter, !o.awqlite_disable_fuse_nodes);
 
   nlohmann::json weights = nlohmann::json::array();
   Progress progress(int64_t(plan.weights.size()), total_in, !o.quiet);
@@ -160,6 +193,24 @@ int run_quantize(const QuantizeOptions& o) {
     spec.bits = pw.bits;
     spec.block = pw.resolved_block();
     spec.zero_point = o.use_zero_point;
+    // AWQ: quantize W ⊙ s (after dividing the columns by a consumer's 1/s folded into this weight).
+    std::vector<uint8_t> prepared;
+    if (awq) {
+      auto cd = column_divisors.find(pw.weight);
+      if (cd != column_divisors.end()) {
+        prepared.resize(uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype));
+        const int64_t N = pw.N(), K = pw.K();
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t n = 0; n < N; ++n) {
+            const size_t i = size_t(pw.k_axis == 0 ? k * N + n : n * K + k);
+            store_float(pw.dtype, prepared.data(), i,
+                        round_to(pw.dtype, load_float(pw.dtype, v.data, i) / round_to(pw.dtype, cd->second[size_t(n)])));
+          }
+        w.data = prepared.data();
+      }
+      prepared = kernels::scale_weight(w, choices.at(pw.weight).scale.data());
+      w.data = prepared.data();
+    }
     kernels::QuantResult q;
     backend->rtn(w, spec, q);
     validate_result(pw, q);
@@ -191,6 +242,11 @@ int run_quantize(const QuantizeOptions& o) {
                        {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)},
                        {"bytes_out", bytes},
                        {"seconds", secs}});
+    if (awq) {
+      const AwqChoice& c = choices.at(pw.weight);
+      weights.back()["awq_alpha"] = c.alpha;
+      weights.back()["awq_losses"] = c.losses;
+    }
     progress.step(pw.weight + " " + shape_str(pw) + " " + dtype_name(pw.dtype) + " -> int" + std::to_string(pw.bits) +
                       " " + human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
                   uint64_t(n) * dtype_size(pw.dtype));
@@ -200,7 +256,7 @@ int run_quantize(const QuantizeOptions& o) {
   // Everything else is copied through unchanged (streamed from the map, pages dropped after).
   uint64_t copied = 0;
   for (auto& t : *model->proto().mutable_graph()->mutable_initializer()) {
-    if (rewriter.removed_initializers().count(t.name())) continue;
+    if (rewriter.removed_initializers().count(t.name()) || rewriter.written_initializers().count(t.name())) continue;
     const bool external = t.data_location() == onnx::TensorProto::EXTERNAL;
     if (!external && t.raw_data().size() < ModelWriter::kInlineThreshold) continue;
     TensorView v = model->view(t);  // checks the range

@@ -210,6 +210,41 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
   }
 }
 
+void GraphRewriter::set_initializer_data(const std::string& name, const std::vector<uint8_t>& bytes,
+                                         const std::vector<int64_t>* new_dims) {
+  auto it = initializers_.find(name);
+  if (it == initializers_.end()) throw Error("internal: no initializer '" + name + "' to rewrite");
+  auto* t = const_cast<onnx::TensorProto*>(it->second);
+  if (new_dims) {
+    t->clear_dims();
+    for (int64_t d : *new_dims) t->add_dims(d);
+  }
+  writer_.put(*t, bytes.data(), bytes.size());
+  written_.insert(name);
+}
+
+void GraphRewriter::insert_scale_mul(const std::string& activation, const std::vector<int>& consumers, DType dtype,
+                                     const std::vector<float>& values, const std::string& node_name,
+                                     const std::string& init_name, const std::string& output_name) {
+  const std::string init = unique_name(init_name);
+  add_initializer(init, int(dtype), {1, int64_t(values.size())}, encode_floats(dtype, values));
+  onnx::NodeProto mul;
+  mul.set_name(unique_name(node_name));
+  mul.set_op_type("Mul");
+  mul.add_input(activation);
+  mul.add_input(init);
+  const std::string out = unique_name(output_name);
+  mul.add_output(out);
+  int first = consumers.front();
+  for (int i : consumers) first = std::min(first, i);
+  insert_before_[first].push_back(std::move(mul));
+  for (int i : consumers) {
+    auto* n = model_.mutable_graph()->mutable_node(i);
+    for (int j = 0; j < n->input_size(); ++j)
+      if (n->input(j) == activation) n->set_input(j, out);
+  }
+}
+
 void GraphRewriter::finish() {
   onnx::GraphProto* g = model_.mutable_graph();
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;

@@ -30,6 +30,17 @@ class GraphRewriter {
   Format emit(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
               uint64_t* bytes_out);
 
+  // Replaces the data of an existing initializer (an AWQ scale folded into a norm's gamma, ...).
+  void set_initializer_data(const std::string& name, const std::vector<uint8_t>& bytes,
+                            const std::vector<int64_t>* new_dims = nullptr);
+  // Inserts Mul(activation, constant [1, K]) before the first of `consumers` and makes those
+  // consumers read its output (an AWQ input scale 1/s that could not be folded).
+  void insert_scale_mul(const std::string& activation, const std::vector<int>& consumers, DType dtype,
+                        const std::vector<float>& values, const std::string& node_name,
+                        const std::string& init_name, const std::string& output_name);
+  // Initializers whose data this rewriter already wrote (the pipeline must not copy them again).
+  const std::set<std::string>& written_initializers() const { return written_; }
+
   // Whether the graph will need opset 21 (any DequantizeLinear emitted, or possible fallback).
   static bool format_needs_opset21(Format f) { return f != Format::kMatMulNBits; }
 
@@ -58,6 +69,7 @@ class GraphRewriter {
   std::map<int, std::vector<onnx::NodeProto>> insert_before_;
   std::map<int, onnx::NodeProto> replace_;
   std::set<std::string> removed_;
+  std::set<std::string> written_;
   std::vector<onnx::TensorProto> new_initializers_;
   uint64_t bytes_ = 0;
   bool used_dq_ = false, used_contrib_ = false;

@@ -1,0 +1,190 @@
+#include "host/awq.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "kernels/cpu/awq_ref.h"
+#include "loaders/error.h"
+
+namespace nibble {
+
+std::vector<double> awq_alphas(double step) {
+  // np.arange(0, 1 + step, step) values (i * step), as ModelOpt builds them.
+  std::vector<double> out;
+  const int64_t n = int64_t(std::ceil((1.0 + step) / step));
+  for (int64_t i = 0; i < n; ++i) out.push_back(double(i) * step);
+  return out;
+}
+
+namespace {
+
+struct Loaded {
+  TensorView view;
+  kernels::WeightMatrix w;
+  std::vector<float> w_kn;
+};
+
+Loaded load(OnnxModel& model, const PlannedWeight& pw) {
+  Loaded l;
+  l.view = model.view(*model.initializer(pw.weight));
+  l.w = kernels::WeightMatrix{pw.dtype, l.view.data, pw.rows, pw.cols, pw.k_axis};
+  l.w_kn = kernels::logical_weight(l.w);
+  return l;
+}
+
+// The Gram matrix of the activation as fp32 for sgemm, converted once per activation.
+class GramCache {
+ public:
+  const float* get(Calibration& calib, const std::string& act, bool numpy_mean, kernels::ActivationStats* stats) {
+    *stats = calib.stats(act, numpy_mean);
+    if (act != name_) {
+      const size_t n = size_t(stats->K * stats->K);
+      g32_.resize(n);
+      for (size_t i = 0; i < n; ++i) g32_[i] = float(stats->gram[i]);
+      name_ = act;
+    }
+    return g32_.data();
+  }
+
+ private:
+  std::string name_;
+  std::vector<float> g32_;
+};
+
+kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {
+  kernels::QuantSpec s;
+  s.bits = pw.bits;
+  s.block = pw.resolved_block();
+  s.zero_point = o.use_zero_point;
+  return s;
+}
+
+int first_min(const std::vector<double>& v) {
+  int best = 0;
+  for (int i = 1; i < int(v.size()); ++i)
+    if (v[size_t(i)] < v[size_t(best)]) best = i;
+  return best;
+}
+
+std::string fmt_losses(const std::vector<double>& l, int best) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "loss %.4g (alpha 0: %.4g)", l[size_t(best)], l[0]);
+  return buf;
+}
+
+}  // namespace
+
+std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
+                                                 const QuantizeOptions& o, bool modelopt) {
+  std::map<std::string, AwqChoice> out;
+  GramCache grams;
+  const size_t total = plan.weights.size();
+  size_t done = 0;
+  const bool fuse = !o.awqlite_disable_fuse_nodes;
+
+  if (modelopt) {
+    // ModelOpt: one search per node on the fixed grid, with numpy's own scale arithmetic.
+    const std::vector<double> alphas = awq_alphas(0.1);
+    std::vector<Calibration::GridItem> items;
+    for (size_t i = 0; i < total; ++i) {
+      const auto& pw = plan.weights[i];
+      Loaded l = load(model, pw);
+      const kernels::ActivationStats st = calib.stats(pw.activation, true);
+      Calibration::GridItem it;
+      it.id = "w" + std::to_string(i);
+      it.x_mean.assign(st.x_mean, st.x_mean + st.K);
+      it.w_mean = kernels::weight_mean(l.w_kn, pw.K(), pw.N(), pw.resolved_block(), false);
+      items.push_back(std::move(it));
+      model.release(l.view);
+    }
+    auto grid = calib.numpy_grid(items, alphas);
+    for (size_t i = 0; i < total; ++i) {
+      const auto& pw = plan.weights[i];
+      Loaded l = load(model, pw);
+      kernels::ActivationStats st;
+      const float* g32 = grams.get(calib, pw.activation, true, &st);
+      const auto& scales = grid.at("w" + std::to_string(i));
+      AwqChoice c;
+      for (const auto& s : scales)
+        c.losses.push_back(kernels::awq_loss(l.w, l.w_kn, s.data(), spec_of(pw, o), g32, st.rows));
+      const int best = first_min(c.losses);
+      c.alpha = alphas[size_t(best)];
+      c.scale = scales[size_t(best)];
+      model.release(l.view);
+      spdlog::info("awq [{}/{}] {} alpha {:.1f} {}", ++done, total, pw.weight, c.alpha, fmt_losses(c.losses, best));
+      out[pw.weight] = std::move(c);
+    }
+    if (fuse && !o.awqlite_run_per_subgraph) {
+      // Siblings get the mean of their scales: numpy's mean over axis 1 of [K, m] (m < 8: a
+      // sequential float32 sum from 0), divided by m.
+      for (const auto& [act, idx] : plan.siblings) {
+        if (idx.size() < 2) continue;
+        const int64_t K = plan.weights[idx[0]].K();
+        std::vector<float> mean(static_cast<size_t>(K));
+        for (int64_t k = 0; k < K; ++k) {
+          std::vector<float> col;
+          for (size_t i : idx) col.push_back(out[plan.weights[i].weight].scale[size_t(k)]);
+          mean[size_t(k)] = kernels::numpy_sum_f32(col.data(), int64_t(col.size())) / float(col.size());
+        }
+        for (size_t i : idx) out[plan.weights[i].weight].scale = mean;
+      }
+    }
+    return out;
+  }
+
+  // nibble: one joint search per group of siblings (or per weight when each gets its own Mul).
+  const std::vector<double> alphas = awq_alphas(o.awqlite_alpha_step);
+  std::vector<std::vector<size_t>> groups;
+  if (fuse || o.awqlite_run_per_subgraph) {
+    for (const auto& kv : plan.siblings) groups.push_back(kv.second);
+  } else {
+    for (size_t i = 0; i < total; ++i) groups.push_back({i});
+  }
+  for (const auto& idx : groups) {
+    const auto& first = plan.weights[idx[0]];
+    kernels::ActivationStats st;
+    const float* g32 = grams.get(calib, first.activation, false, &st);
+    const int64_t K = first.K();
+    std::vector<Loaded> ws;
+    int64_t n_total = 0;
+    for (size_t i : idx) {
+      ws.push_back(load(model, plan.weights[i]));
+      n_total += plan.weights[i].N();
+    }
+    // Weight statistic of the siblings side by side ([K, sum N]), contiguous blocks.
+    std::vector<float> wm(static_cast<size_t>(K), 0.0f);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const auto& pw = plan.weights[idx[j]];
+      const auto m = kernels::weight_mean(ws[j].w_kn, K, pw.N(), pw.resolved_block(), true);
+      for (int64_t k = 0; k < K; ++k) wm[size_t(k)] += m[size_t(k)] * float(pw.N()) / float(n_total);
+    }
+    const std::vector<float> xm(st.x_mean, st.x_mean + K);
+    AwqChoice c;
+    std::vector<std::vector<float>> scales;
+    for (double a : alphas) {
+      scales.push_back(kernels::awq_scale(xm, wm, a));
+      double loss = 0;
+      for (size_t j = 0; j < idx.size(); ++j) {
+        const auto& pw = plan.weights[idx[j]];
+        loss += kernels::awq_loss(ws[j].w, ws[j].w_kn, scales.back().data(), spec_of(pw, o), g32, st.rows) *
+                double(pw.N()) / double(n_total);
+      }
+      c.losses.push_back(loss);
+    }
+    const int best = first_min(c.losses);
+    c.alpha = alphas[size_t(best)];
+    c.scale = scales[size_t(best)];
+    for (size_t j = 0; j < idx.size(); ++j) {
+      model.release(ws[j].view);
+      const auto& pw = plan.weights[idx[j]];
+      done++;
+      spdlog::info("awq [{}/{}] {} alpha {:.2f} {}", done, total, pw.weight, c.alpha, fmt_losses(c.losses, best));
+      out[pw.weight] = c;
+    }
+  }
+  return out;
+}
+
+}  // namespace nibble

@@ -1,0 +1,273 @@
+#include "host/calibration.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loaders/error.h"
+
+extern char** environ;
+namespace fs = std::filesystem;
+
+namespace nibble {
+namespace {
+
+fs::path exe_dir() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::current_path() : p.parent_path();
+}
+
+std::string shell_join(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+}  // namespace
+
+std::string python_executable() {
+  if (const char* p = std::getenv("NIBBLE_PYTHON"); p && *p) return p;
+  for (const fs::path& root : {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)}) {
+    const fs::path venv = root / ".venv" / "bin" / "python";
+    if (fs::exists(venv)) return venv.string();
+  }
+  return "python3";
+}
+
+std::string capture_script() {
+  if (const char* p = std::getenv("NIBBLE_CALIB_SCRIPT"); p && *p) return p;
+  for (const fs::path& root : {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)}) {
+    const fs::path s = root / "calib" / "capture.py";
+    if (fs::exists(s)) return s.string();
+  }
+  throw Error("cannot find calib/capture.py (set NIBBLE_CALIB_SCRIPT)");
+}
+
+void run_child(const std::vector<std::string>& argv, const std::string& error_prefix, bool quiet) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) throw Error("pipe: " + errno_text(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 2);
+  posix_spawn_file_actions_addclose(&fa, pipefd[0]);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(pipefd[1]);
+  if (rc != 0) {
+    ::close(pipefd[0]);
+    throw Error("cannot run " + argv[0] + ": " + errno_text(rc));
+  }
+  std::string pending, last_error, last_line;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(pipefd[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, size_t(n));
+    for (size_t pos; (pos = pending.find('\n')) != std::string::npos;) {
+      const std::string line = pending.substr(0, pos);
+      pending.erase(0, pos + 1);
+      if (line.rfind(error_prefix, 0) == 0) {
+        last_error = line;
+        continue;  // nibble prints it as its own error line
+      }
+      if (!line.empty()) last_line = line;
+      if (!quiet) std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+  ::close(pipefd[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (!last_error.empty()) throw Error(last_error);
+  throw Error(argv[0] + " failed (" +
+              (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                 : "signal " + std::to_string(WTERMSIG(status))) +
+              (last_line.empty() ? "" : ": " + last_line) + "): " + shell_join(argv));
+}
+
+std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const std::string& model_path,
+                                              const std::vector<Request>& acts, bool mask_padding) {
+  std::unique_ptr<Calibration> c(new Calibration());
+  std::error_code ec;
+  if (!o.calib_cache.empty()) {
+    c->dir_ = fs::absolute(o.calib_cache).string();
+    fs::create_directories(c->dir_, ec);
+    if (ec) throw Error("cannot create --calib_cache folder " + c->dir_ + ": " + ec.message());
+  } else {
+    std::string tmpl = (fs::temp_directory_path() / "nibble-calib-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
+    c->dir_ = tmpl;
+    c->owned_dir_ = true;
+  }
+  const fs::path dir(c->dir_);
+  nlohmann::json req = nlohmann::json::array();
+  for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
+
+  // A cache is reused when it holds these activations, measured the same way.
+  nlohmann::json settings = {{"model", fs::weakly_canonical(model_path, ec).string()},
+                             {"dataset", o.dataset},
+                             {"calib_data", o.calib_data},
+                             {"calib_size", o.calib_size},
+                             {"seq_len", o.calib_seq_len},
+                             {"batch_size", o.batch_size},
+                             {"mask_padding", mask_padding},
+                             {"position_ids", o.add_position_ids ? "add" : o.no_position_ids ? "no" : "auto"},
+                             {"activations", req}};
+  bool reuse = false;
+  if (!c->owned_dir_ && fs::exists(dir / "index.json") && fs::exists(dir / "settings.json")) {
+    try {
+      std::ifstream f(dir / "settings.json");
+      reuse = nlohmann::json::parse(f) == settings;
+    } catch (...) {
+    }
+  }
+  if (!reuse) {
+    fs::remove(dir / "index.json", ec);
+    {
+      std::ofstream f(dir / "activations.json");
+      f << req.dump();
+    }
+    std::vector<std::string> argv = {python_executable(), capture_script(), "capture",
+                                     "--model", model_path, "--out", c->dir_,
+                                     "--activations", (dir / "activations.json").string(),
+                                     "--calib_size", std::to_string(o.calib_size),
+                                     "--seq_len", std::to_string(o.calib_seq_len),
+                                     "--batch_size", std::to_string(o.batch_size),
+                                     "--eps", o.calibration_eps,
+                                     "--mask_padding", mask_padding ? "1" : "0"};
+    if (!o.calib_data.empty()) {
+      argv.push_back("--calib_data");
+      argv.push_back(o.calib_data);
+    } else {
+      argv.push_back("--dataset");
+      argv.push_back(o.dataset);
+    }
+    if (!o.model_name.empty()) {
+      argv.push_back("--tokenizer");
+      argv.push_back(o.model_name);
+    }
+    if (o.add_position_ids) argv.push_back("--add_position_ids");
+    if (o.no_position_ids) argv.push_back("--no_position_ids");
+    if (o.no_past_kv_inputs) argv.push_back("--no_past_kv_inputs");
+    if (o.use_buffer_share) argv.push_back("--use_buffer_share");
+    if (o.use_fp32) argv.push_back("--use_fp32");
+    run_child(argv, "calibration: ", o.quiet);
+    std::ofstream f(dir / "settings.json");
+    f << settings.dump();
+  }
+
+  nlohmann::json index;
+  try {
+    std::ifstream f(dir / "index.json");
+    index = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw Error("calibration wrote no readable index.json in " + c->dir_ + ": " + e.what());
+  }
+  c->tokens_ = index.value("tokens_total", int64_t(0));
+  for (const auto& a : index.at("activations")) {
+    Entry e;
+    e.K = a.at("K").get<int64_t>();
+    e.rows = a.at("rows").get<int64_t>();
+    e.mean_np = a.at("mean_abs_np").get<std::string>();
+    e.sum_abs = a.at("sum_abs").get<std::string>();
+    e.gram = a.at("gram").get<std::string>();
+    c->entries_[a.at("name").get<std::string>()] = std::move(e);
+  }
+  for (const auto& a : acts)
+    if (!c->entries_.count(a.name)) throw Error("calibration did not measure activation '" + a.name + "'");
+  return c;
+}
+
+Calibration::~Calibration() {
+  maps_.clear();
+  if (owned_dir_) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+}
+
+const MappedFile& Calibration::map(const std::string& file) {
+  auto it = maps_.find(file);
+  if (it == maps_.end()) it = maps_.emplace(file, std::make_unique<MappedFile>((fs::path(dir_) / file).string())).first;
+  return *it->second;
+}
+
+kernels::ActivationStats Calibration::stats(const std::string& activation, bool numpy_mean) {
+  Entry& e = entries_.at(activation);
+  kernels::ActivationStats s;
+  s.K = e.K;
+  s.rows = e.rows;
+  const MappedFile& gram = map(e.gram);
+  if (gram.size() != uint64_t(e.K * e.K) * 8)
+    throw Error("calibration file " + gram.path() + " has " + std::to_string(gram.size()) + " bytes, expected " +
+                std::to_string(e.K * e.K * 8));
+  s.gram = reinterpret_cast<const double*>(gram.data());
+  if (numpy_mean) {
+    const MappedFile& m = map(e.mean_np);
+    if (m.size() != uint64_t(e.K) * 4) throw Error("calibration file " + m.path() + " has the wrong size");
+    s.x_mean = reinterpret_cast<const float*>(m.data());
+  } else {
+    const MappedFile& m = map(e.sum_abs);
+    if (m.size() != uint64_t(e.K) * 8) throw Error("calibration file " + m.path() + " has the wrong size");
+    const double* sum = reinterpret_cast<const double*>(m.data());
+    e.x_mean.resize(size_t(e.K));
+    for (int64_t k = 0; k < e.K; ++k) e.x_mean[size_t(k)] = float(sum[k] / double(std::max<int64_t>(e.rows, 1)));
+    s.x_mean = e.x_mean.data();
+  }
+  return s;
+}
+
+std::map<std::string, std::vector<std::vector<float>>> Calibration::numpy_grid(const std::vector<GridItem>& items,
+                                                                                const std::vector<double>& alphas) {
+  const fs::path dir = fs::path(dir_) / "grid";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  nlohmann::json req = {{"alphas", alphas}, {"items", nlohmann::json::array()}};
+  auto dump = [&](const std::string& name, const std::vector<float>& v) {
+    std::ofstream f(dir / name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+    if (!f) throw Error("cannot write " + (dir / name).string());
+  };
+  for (const auto& it : items) {
+    dump(it.id + ".x.f32", it.x_mean);
+    dump(it.id + ".w.f32", it.w_mean);
+    req["items"].push_back(
+        {{"id", it.id}, {"x_mean", it.id + ".x.f32"}, {"w_mean", it.id + ".w.f32"}, {"K", it.x_mean.size()}});
+  }
+  {
+    std::ofstream f(dir / "request.json");
+    f << req.dump();
+  }
+  run_child({python_executable(), capture_script(), "grid", "--request", (dir / "request.json").string(), "--out",
+             dir.string()},
+            "calibration: ", true);
+  std::map<std::string, std::vector<std::vector<float>>> out;
+  for (const auto& it : items) {
+    const size_t K = it.x_mean.size();
+    std::ifstream f(dir / (it.id + ".grid.f32"), std::ios::binary);
+    std::vector<float> all(K * alphas.size());
+    f.read(reinterpret_cast<char*>(all.data()), std::streamsize(all.size() * 4));
+    if (!f) throw Error("the numpy scale grid for " + it.id + " is missing or short");
+    auto& v = out[it.id];
+    for (size_t a = 0; a < alphas.size(); ++a) v.emplace_back(all.begin() + long(a * K), all.begin() + long((a + 1) * K));
+  }
+  fs::remove_all(dir, ec);
+  return out;
+}
+
+}  // namespace nibble

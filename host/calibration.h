@@ -1,0 +1,65 @@
+// Runs calib/capture.py (ONNX Runtime, one forward pass per batch) and memory-maps what it
+// measured for each activation. Also runs its `grid` subcommand, which evaluates ModelOpt's AWQ
+// scale formula with numpy itself (its SIMD float32 power decides ModelOpt's exact scales).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "host/options.h"
+#include "kernels/awq_types.h"
+#include "loaders/external_data.h"
+
+namespace nibble {
+
+class Calibration {
+ public:
+  struct Request {
+    std::string name;
+    int64_t K = 0;
+  };
+  // Captures statistics for `activations` of `model_path` into a temporary folder (or
+  // options.calib_cache, kept and reused when it already holds them). Throws Error.
+  static std::unique_ptr<Calibration> run(const QuantizeOptions& options, const std::string& model_path,
+                                          const std::vector<Request>& activations, bool mask_padding);
+  ~Calibration();
+
+  // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
+  // sum|x| / rows over the counted rows).
+  kernels::ActivationStats stats(const std::string& activation, bool numpy_mean);
+  int64_t tokens() const { return tokens_; }
+  const std::string& folder() const { return dir_; }
+
+  // ModelOpt's get_scale for every alpha, computed by numpy: one vector of K per alpha and item.
+  struct GridItem {
+    std::string id;
+    std::vector<float> x_mean, w_mean;
+  };
+  std::map<std::string, std::vector<std::vector<float>>> numpy_grid(const std::vector<GridItem>& items,
+                                                                     const std::vector<double>& alphas);
+
+ private:
+  struct Entry {
+    int64_t K = 0, rows = 0;
+    std::string mean_np, sum_abs, gram;
+    std::vector<float> x_mean;  // derived, owned
+  };
+  std::string dir_;
+  bool owned_dir_ = false;
+  int64_t tokens_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::unique_ptr<MappedFile>> maps_;
+  const MappedFile& map(const std::string& file);
+};
+
+// The Python interpreter and script nibble calls: $NIBBLE_PYTHON / $NIBBLE_CALIB_SCRIPT, else the
+// project's .venv and calib/capture.py next to the build.
+std::string python_executable();
+std::string capture_script();
+
+// Runs argv; stderr lines are passed through (unless quiet) and the last line starting with
+// `error_prefix` becomes the Error message when the child fails. Throws Error.
+void run_child(const std::vector<std::string>& argv, const std::string& error_prefix, bool quiet);
+
+}  // namespace nibble

@@ -1,0 +1,138 @@
+#include "kernels/cpu/awq_ref.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/cpu/rtn_fast.h"
+#include "kernels/parallel.h"
+
+namespace nibble::kernels {
+namespace {
+
+float pairwise(const float* a, int64_t n) {
+  if (n < 8) {
+    float r = 0.0f;
+    for (int64_t i = 0; i < n; ++i) r += a[i];
+    return r;
+  }
+  if (n <= 128) {
+    float r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    int64_t i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise(a, n2) + pairwise(a + n2, n - n2);
+}
+
+// numpy's x ** a for a float32 array and a Python float: fast paths for 0, 0.5 and 1.
+inline float np_pow(float x, float a) {
+  if (a == 0.0f) return 1.0f;
+  if (a == 0.5f) return std::sqrt(x);
+  if (a == 1.0f) return x;
+  return std::pow(x, a);
+}
+
+}  // namespace
+
+float numpy_sum_f32(const float* a, int64_t n) { return pairwise(a, n); }
+
+std::vector<float> logical_weight(const WeightMatrix& w) {
+  const int64_t K = w.K(), N = w.N();
+  std::vector<float> out(size_t(K * N));
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      out[size_t(k * N + n)] = load_float(w.dtype, w.data, size_t(w.k_axis == 0 ? k * N + n : n * K + k));
+  return out;
+}
+
+std::vector<float> weight_mean(const std::vector<float>& w, int64_t K, int64_t N, int64_t block, bool contiguous) {
+  const int64_t G = (K + block - 1) / block, Kp = G * block;
+  const float tiny = FLT_MIN;
+  // amax per group: ModelOpt views the zero-padded [Kp, N] array as [block, Kp*N/block] and takes
+  // the max over axis 0, so element (k, n) belongs to column (k*N + n) % M of that view.
+  const int64_t M = Kp * N / block;
+  std::vector<float> amax(size_t(contiguous ? G * N : M), 0.0f);
+  auto group = [&](int64_t k, int64_t n) -> int64_t {
+    return contiguous ? (k / block) * N + n : (k * N + n) % M;
+  };
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) {
+      float& a = amax[size_t(group(k, n))];
+      a = std::max(a, std::fabs(w[size_t(k * N + n)]));
+    }
+  std::vector<float> out(static_cast<size_t>(K)), row(static_cast<size_t>(N));
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t n = 0; n < N; ++n)
+      row[size_t(n)] = std::fabs(w[size_t(k * N + n)]) / (amax[size_t(group(k, n))] + tiny);
+    out[size_t(k)] = pairwise(row.data(), N) / float(N);
+  }
+  return out;
+}
+
+std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean, double alpha) {
+  const float a = float(alpha), b = float(1.0 - alpha);
+  const size_t K = x_mean.size();
+  std::vector<float> s(K);
+  for (size_t k = 0; k < K; ++k) {
+    const float v = np_pow(x_mean[k], a) / (np_pow(w_mean[k], b) + FLT_MIN);
+    s[k] = std::min(std::max(v, 1e-4f), 1e4f);
+  }
+  const float mx = *std::max_element(s.begin(), s.end()), mn = *std::min_element(s.begin(), s.end());
+  const float norm = std::sqrt(mx * mn);
+  for (auto& v : s) v /= norm;
+  return s;
+}
+
+std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) {
+  const int64_t K = w.K(), N = w.N();
+  std::vector<uint8_t> out(size_t(K * N) * dtype_size(w.dtype));
+  parallel_for(w.rows, [&](int64_t r) {
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const size_t i = size_t(r * w.cols + c);
+      const float sk = s[w.k_axis == 0 ? r : c];
+      store_float(w.dtype, out.data(), i, round_to(w.dtype, load_float(w.dtype, w.data, i) * sk));
+    }
+  });
+  return out;
+}
+
+double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
+                const float* gram32, int64_t rows) {
+  const int64_t K = w.K(), N = w.N();
+  const std::vector<uint8_t> scaled = scale_weight(w, s);
+  WeightMatrix sw = w;
+  sw.data = scaled.data();
+  QuantResult q;
+  rtn_quantize_fast(sw, spec, q);
+  // D = W - Ŵ / s in the logical [K, N] layout; Ŵ is what DequantizeLinear gives (weight dtype).
+  std::vector<float> d(size_t(K * N));
+  const int64_t G = q.groups;
+  parallel_for(K, [&](int64_t k) {
+    const int64_t g = k / spec.block;
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t pi = size_t(w.k_axis == 0 ? g * N + n : n * G + g);
+      const size_t ci = size_t(w.k_axis == 0 ? k * N + n : n * K + k);
+      const int code = spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
+      const float deq = round_to(w.dtype, float(code) * q.scales[pi]);
+      d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
+    }
+  });
+  std::vector<float> gd(size_t(K * N));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(N), int(K), 1.0f, gram32, int(K), d.data(),
+              int(N), 0.0f, gd.data(), int(N));
+  double sum = 0;
+  for (size_t i = 0; i < d.size(); ++i) sum += double(d[i]) * double(gd[i]);
+  return sum / (double(rows) * double(N));
+}
+
+}  // namespace nibble::kernels

@@ -1,0 +1,39 @@
+// AWQ-lite on the CPU: the statistics and the loss, written to match ModelOpt's numpy arithmetic
+// where that matters for bit-exact codes (reference spec §5.2-5.4).
+//
+// The loss uses the Gram form: for D = W - diag(1/s) Ŵ (Ŵ = dequant(quant(W ⊙ s))),
+//   L = mean_{t,n} (X W - (X ⊘ s) Ŵ)^2 = trace(Dᵀ (XᵀX) D) / (T N),
+// so calibration keeps XᵀX (K x K) instead of every token row (T x K), and one candidate costs
+// a K x K x N GEMM instead of T x K x N.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/awq_types.h"
+
+namespace nibble::kernels {
+
+// numpy's float32 add.reduce over a contiguous run (pairwise summation, blocks of 8 below 128).
+float numpy_sum_f32(const float* a, int64_t n);
+
+// The weight as float32 in its logical [K, N] layout (transposed from [N, K] when k_axis == 1).
+std::vector<float> logical_weight(const WeightMatrix& w);
+
+// ModelOpt's get_weight_scale: |W| normalised by the max of its group, averaged over N. ModelOpt
+// groups rows k, k + G, k + 2G, ... (a reshape of the padded [Kp, N] array to [block, -1]), not the
+// contiguous block; `contiguous` = true uses the contiguous block instead (nibble mode).
+std::vector<float> weight_mean(const std::vector<float>& w_kn, int64_t K, int64_t N, int64_t block, bool contiguous);
+
+// ModelOpt's get_scale in fp32 with libm's powf (nibble mode; ModelOpt's own numbers come from
+// numpy's SIMD power, see calib/README.md).
+std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean, double alpha);
+
+// The AWQ loss of scale s for weight w (stored layout) against the Gram matrix gram32 (K x K fp32).
+// The scaled weight is rounded to w.dtype and quantized with `spec` exactly as the final weight.
+double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
+                const float* gram32, int64_t rows);
+
+// W ⊙ s along K, rounded to w.dtype, in the stored layout (what gets quantized).
+std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s);
+
+}  // namespace nibble::kernels

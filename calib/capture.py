@@ -1,0 +1,660 @@
+#!/usr/bin/env python3
+"""Calibration through ONNX Runtime for nibble (spec: calib/README.md).
+
+    capture.py capture --model IN.onnx --out DIR --activations ACTS.json [options]
+    capture.py grid --request REQ.json --out DIR
+
+`capture` runs the float model with every requested activation added as a graph output, ONE forward
+pass per calibration batch for all of them, and streams per-activation statistics into DIR:
+mean_abs_np (float32, bit-identical to numpy's np.abs(X).mean(0) over all rows, as ModelOpt computes
+x_mean), sum_abs and the Gram matrix X^T X (float64, over the counted rows), plus DIR/index.json.
+Memory: one batch of activations + the Gram accumulators of one pass; when those would exceed
+--budget_mb the activations are split into groups, one pass over the calibration set per group.
+
+`grid` evaluates ModelOpt's AWQ-lite scale formula (int4.py get_scale) with numpy itself.
+
+Bad input: exit 2 and one stderr line 'calibration: ...'.  Progress and warnings: 'calib: ...' lines.
+The model's folder is never written to: the graph is loaded without its weights, augmented in memory
+and handed to ONNX Runtime as bytes, with the model's folder as the external-data folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+from calib_inputs import (CalibError, FeedOptions, NpzBatches, model_inputs, note,  # noqa: E402
+                          text_batches, warn)
+
+INDEX_VERSION = 1
+
+# --eps names (ModelOpt's calibration_eps) -> ONNX Runtime providers
+EPS = {
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "nvtensorrtrtx": "NvTensorRTRTXExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+
+
+def log(msg: str) -> None:
+    print(f"calib: {msg}", file=sys.stderr, flush=True)
+
+
+def first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return (s.splitlines()[0] if s else type(e).__name__)[:400]
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (through main)
+        raise CalibError(f"command line: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="capture.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", parser_class=Parser)
+    c = sub.add_parser("capture", help="run the calibration set and write activation statistics")
+    c.add_argument("--model", required=True, help="the float ONNX model")
+    c.add_argument("--out", required=True, help="output folder (index.json + binaries)")
+    c.add_argument("--activations", required=True, help='ACTS.json: [{"name": ..., "K": ...}, ...]')
+    c.add_argument("--dataset", default="cnn", help="cnn | pilevel | FILE.txt | FILE.jsonl | FILE.parquet")
+    c.add_argument("--calib_data", default=None, help="FILE.npz of ready model inputs (axis 0 = samples)")
+    c.add_argument("--calib_size", type=int, default=32)
+    c.add_argument("--seq_len", type=int, default=512)
+    c.add_argument("--batch_size", type=int, default=1)
+    c.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder (default: beside the model)")
+    c.add_argument("--eps", default="cuda,cpu", help="execution providers in order of preference")
+    c.add_argument("--add_position_ids", action="store_true")
+    c.add_argument("--no_position_ids", action="store_true")
+    c.add_argument("--no_past_kv_inputs", action="store_true")
+    c.add_argument("--use_buffer_share", action="store_true")
+    c.add_argument("--use_fp32", action="store_true")
+    c.add_argument("--mask_padding", type=int, choices=[0, 1], default=0)
+    c.add_argument("--budget_mb", type=float, default=2048)
+    g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
+    g.add_argument("--request", required=True)
+    g.add_argument("--out", required=True)
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# Execution providers
+# --------------------------------------------------------------------------------------------
+
+def parse_eps(spec: str) -> list[tuple[str, str, dict]]:
+    """'cuda:1,cpu' -> [(token, provider, options), ...]; unknown names are an error."""
+    out = []
+    for tok in [t.strip() for t in spec.split(",") if t.strip()]:
+        base, _, dev = tok.partition(":")
+        prov = EPS.get(base.lower())
+        if prov is None:
+            raise CalibError(f"--eps: unknown execution provider '{tok}' (known: cuda, cpu, dml, NvTensorRtRtx, trt)")
+        opts = {}
+        if dev:
+            if not dev.isdigit():
+                raise CalibError(f"--eps: '{tok}': the device id after ':' must be a number")
+            opts["device_id"] = dev
+        out.append((tok, prov, opts))
+    if not out:
+        raise CalibError("--eps: no execution provider given")
+    return out
+
+
+def select_providers(spec: str) -> list[tuple[str, dict]]:
+    import onnxruntime as ort
+    avail = ort.get_available_providers()
+    chosen = []
+    for tok, prov, opts in parse_eps(spec):
+        if prov not in avail:
+            warn(f"execution provider '{tok}' ({prov}) is not available in this onnxruntime; trying the next")
+            continue
+        if prov not in [p for p, _ in chosen]:
+            chosen.append((prov, opts))
+    if not chosen:
+        raise CalibError(f"--eps {spec}: none of these execution providers is available "
+                         f"(this onnxruntime has: {', '.join(avail)})")
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------
+# The augmented graph
+# --------------------------------------------------------------------------------------------
+
+def _subgraph_refs(node, acc: set) -> None:
+    """Every tensor name a node's subgraphs read (over-inclusive: outer-scope names are among them)."""
+    from onnx import AttributeProto
+    for a in node.attribute:
+        graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
+        for g in graphs:
+            for n in g.node:
+                acc.update(x for x in n.input if x)
+                _subgraph_refs(n, acc)
+
+
+def augmented_model_bytes(model, outputs: list[str]) -> bytes:
+    """The model with `outputs` as its only graph outputs and only the nodes they depend on."""
+    import onnx
+    g = model.graph
+    producer = {}
+    for i, n in enumerate(g.node):
+        for o in n.output:
+            if o:
+                producer[o] = i
+    need_nodes = set()
+    stack = [producer[o] for o in outputs if o in producer]
+    while stack:
+        i = stack.pop()
+        if i in need_nodes:
+            continue
+        need_nodes.add(i)
+        refs = set(x for x in g.node[i].input if x)
+        _subgraph_refs(g.node[i], refs)
+        stack.extend(producer[r] for r in refs if r in producer and producer[r] not in need_nodes)
+    kept = [g.node[i] for i in sorted(need_nodes)]
+    used = set()
+    for n in kept:
+        used.update(x for x in n.input if x)
+        _subgraph_refs(n, used)
+    input_names = {vi.name for vi in g.input}
+
+    ng = onnx.GraphProto()
+    ng.name = g.name
+    ng.doc_string = g.doc_string
+    ng.node.extend(kept)
+    ng.initializer.extend(t for t in g.initializer if t.name in used or t.name in input_names)
+    ng.sparse_initializer.extend(g.sparse_initializer)
+    ng.input.extend(g.input)
+    ng.value_info.extend(g.value_info)
+    for o in outputs:
+        ng.output.append(onnx.ValueInfoProto(name=o))
+    nm = onnx.ModelProto()
+    for fd, val in model.ListFields():          # everything but the graph (opsets, functions, metadata)
+        if fd.name == "graph":
+            continue
+        if hasattr(val, "extend"):              # repeated field
+            getattr(nm, fd.name).extend(val)
+        elif hasattr(val, "CopyFrom"):          # message
+            getattr(nm, fd.name).CopyFrom(val)
+        else:
+            setattr(nm, fd.name, val)
+    nm.graph.CopyFrom(ng)
+    try:
+        return nm.SerializeToString()
+    except Exception as e:  # noqa: BLE001 - protobuf's 2 GiB limit
+        raise CalibError(f"the model's graph cannot be serialized ({first_line(e)}): weights stored inline "
+                         f"beyond protobuf's 2 GiB limit? Store them as external data") from None
+
+
+def make_session(model_bytes: bytes, model_dir: str, providers: list[tuple[str, dict]], model_path: str):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL   # as ModelOpt
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", model_dir)
+    # ORT's threads would spin while numpy/BLAS computes the statistics between runs
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    names = [p for p, _ in providers]
+    opts = [o for _, o in providers]
+    try:
+        sess = ort.InferenceSession(model_bytes, so, providers=names, provider_options=opts)
+    except Exception as e:  # noqa: BLE001 - ORT's exceptions (Fail, InvalidGraph, ...)
+        raise CalibError(f"{model_path}: ONNX Runtime cannot load the model ({first_line(e)})") from None
+    got = sess.get_providers()
+    if got and got[0] != names[0]:
+        warn(f"{names[0]} could not be used; running on {got[0]}")
+    return sess
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------------
+
+class _Syrk:
+    """G += X^T X on the upper triangle, in place: BLAS dsyrk from the OpenBLAS that numpy's wheel
+    bundles (no K*K temporary, no symmetrising copy, no extra add), checked once against numpy.
+    Falls back to numpy's X.T @ X (itself a syrk, plus copies) when that library is not found."""
+
+    def __init__(self):
+        self.fn = None
+        if os.environ.get("NIBBLE_CALIB_NUMPY_GRAM"):      # tests: numpy's path
+            return
+        try:
+            import ctypes
+            import glob
+            libs = sorted(glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs",
+                                                 "libscipy_openblas64_*.so*")))
+            if not libs:
+                return
+            fn = ctypes.CDLL(libs[0]).scipy_cblas_dsyrk64_
+            fn.restype = None
+            i64, cint = ctypes.c_int64, ctypes.c_int
+            fn.argtypes = [cint, cint, cint, i64, i64, ctypes.c_double, ctypes.c_void_p, i64, ctypes.c_double,
+                           ctypes.c_void_p, i64]
+            self.fn = fn
+            x = np.random.default_rng(0).standard_normal((9, 5))
+            g = np.zeros((5, 5))
+            self.add(g, x)
+            self.add(g, x[2:])
+            want = x.T @ x + x[2:].T @ x[2:]
+            if not np.allclose(np.triu(g), np.triu(want), rtol=1e-13, atol=1e-13) or np.tril(g, -1).any():
+                self.fn = None
+        except Exception:  # noqa: BLE001 - any problem: numpy's path
+            self.fn = None
+
+    def add(self, G: np.ndarray, X: np.ndarray) -> None:
+        """G (C-contiguous float64 [K, K]) += X^T X for X float64 [R, K]; upper triangle only with BLAS
+        (call full() at the end), the whole matrix with numpy."""
+        if self.fn is None:
+            G += X.T @ X
+            return
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        R, K = X.shape
+        # CblasRowMajor = 101, CblasUpper = 121, CblasTrans = 112: C = 1 * A^T A + 1 * C, A [R, K]
+        self.fn(101, 121, 112, K, R, 1.0, X.ctypes.data, K, 1.0, G.ctypes.data, K)
+
+    def full(self, G: np.ndarray) -> np.ndarray:
+        if self.fn is None:
+            return G
+        il = np.tril_indices(G.shape[0], -1)
+        G[il] = G.T[il]
+        return G
+
+
+SYRK = _Syrk()
+
+
+class Accumulator:
+    """Statistics of one activation over the calibration set.
+
+    mean_abs_np: float32 running sum of |x| row after row in token order, each batch folded in with
+    one np.add.reduce over [running sum; |rows|] (numpy reduces axis 0 of a C-contiguous 2-D float
+    array row by row, so this is the very same sequence of float32 additions that
+    np.abs(concatenate(all)).reshape(-1, K).mean(0) performs), divided as numpy's mean divides
+    (true_divide by the intp row count).  K == 1 is the exception (numpy then sums pairwise): its
+    column is kept and reduced by numpy at the end.
+    sum_abs, gram: float64 over the counted rows."""
+
+    def __init__(self, name: str, K: int, with_gram: bool = True):
+        self.name, self.K = name, K
+        self.acc32 = np.zeros(K, np.float32)
+        self.rows_all = 0
+        self.col1: list[np.ndarray] = []
+        self.sum_abs = np.zeros(K, np.float64)
+        self.gram = np.zeros((K, K), np.float64) if with_gram else None
+        self.rows = 0
+        self.nonfinite = 0
+
+    def update(self, X: np.ndarray, counted: np.ndarray | None) -> None:
+        """X [R, K] (float32 or float16), counted: bool [R] or None (= all rows)."""
+        K = self.K
+        R = X.shape[0]
+        if R == 0:
+            return
+        if K == 1:
+            self.col1.append(np.abs(X).astype(np.float32) if X.dtype == np.float16 else np.abs(X))
+        else:
+            buf = np.empty((R + 1, K), np.float32)
+            buf[0] = self.acc32
+            np.abs(X, out=buf[1:]) if X.dtype == np.float32 else np.copyto(buf[1:], np.abs(X))
+            self.acc32 = np.add.reduce(buf, axis=0)
+            del buf
+        self.rows_all += R
+        Xc = X if counted is None else X[counted]
+        Xd = np.asarray(Xc, dtype=np.float64)
+        if Xd.shape[0]:
+            self.sum_abs += np.add.reduce(np.abs(Xd), axis=0)
+            if self.gram is not None:
+                SYRK.add(self.gram, Xd)
+            if not np.isfinite(self.sum_abs).all():
+                self.nonfinite += 1
+        self.rows += Xd.shape[0]
+
+    def mean_abs_np(self) -> np.ndarray:
+        if self.K == 1:
+            col = np.concatenate(self.col1).reshape(-1, 1) if self.col1 else np.zeros((0, 1), np.float32)
+            return col.mean(0).astype(np.float32)
+        out = np.empty(self.K, np.float32)
+        np.true_divide(self.acc32, np.intp(self.rows_all), out=out, casting="unsafe")
+        return out
+
+
+def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float) -> list[list[int]]:
+    groups: list[list[int]] = []
+    cur, size = [], 0
+    for i, (name, K) in enumerate(acts):
+        b = K * K * 8
+        if cur and size + b > budget_bytes:
+            groups.append(cur)
+            cur, size = [], 0
+        if b > budget_bytes:
+            warn(f"activation '{name}': its Gram matrix alone ({b / 2**20:.1f} MiB) exceeds --budget_mb")
+        cur.append(i)
+        size += b
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+# --------------------------------------------------------------------------------------------
+# capture
+# --------------------------------------------------------------------------------------------
+
+def read_activations(path: str) -> list[tuple[str, int]]:
+    if not os.path.isfile(path):
+        raise CalibError(f"--activations {path}: file not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            v = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CalibError(f"--activations {path}: not JSON ({first_line(e)})") from None
+    if not isinstance(v, list) or not v:
+        raise CalibError(f"--activations {path}: a non-empty list of {{\"name\": ..., \"K\": ...}} expected")
+    out, seen = [], {}
+    for i, e in enumerate(v):
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not e["name"] \
+                or not isinstance(e.get("K"), int) or isinstance(e.get("K"), bool) or e["K"] <= 0:
+            raise CalibError(f"--activations {path}: entry {i} is not {{\"name\": string, \"K\": positive int}}")
+        name, K = e["name"], e["K"]
+        if name in seen:
+            if seen[name] != K:
+                raise CalibError(f"--activations {path}: '{name}' is listed with K {seen[name]} and K {K}")
+            continue
+        seen[name] = K
+        out.append((name, K))
+    return out
+
+
+def load_graph(path: str):
+    import onnx
+    if not os.path.exists(path):
+        raise CalibError(f"--model {path}: file not found")
+    if not os.path.isfile(path):
+        raise CalibError(f"--model {path}: not a file")
+    try:
+        return onnx.load(path, load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - DecodeError, ...
+        raise CalibError(f"--model {path}: not an ONNX model ({first_line(e)})") from None
+
+
+def check_activations(model, acts, model_path):
+    g = model.graph
+    produced = {o for n in g.node for o in n.output if o}
+    inputs = {vi.name for vi in g.input}
+    inits = {t.name for t in g.initializer}
+    for name, _ in acts:
+        if name in produced:
+            continue
+        if name in inputs and name not in inits:
+            continue
+        if name in inits:
+            raise CalibError(f"{model_path}: '{name}' (--activations) is an initializer, not an activation")
+        raise CalibError(f"{model_path}: no tensor named '{name}' (--activations) in the graph")
+
+
+def _write(path: str, arr: np.ndarray, dtype: str) -> None:
+    tmp = path + ".tmp"
+    np.ascontiguousarray(arr, dtype=dtype).tofile(tmp)
+    os.replace(tmp, path)
+
+
+def capture(a) -> int:
+    t0 = time.time()
+    if a.calib_size < 1 or a.seq_len < 1 or a.batch_size < 1:
+        raise CalibError("--calib_size, --seq_len and --batch_size must be >= 1")
+    if a.batch_size > a.calib_size:
+        raise CalibError(f"--batch_size {a.batch_size} is larger than --calib_size {a.calib_size}")
+    if not (a.budget_mb > 0):
+        raise CalibError("--budget_mb must be > 0")
+    if a.no_position_ids and a.add_position_ids:
+        raise CalibError("--add_position_ids and --no_position_ids contradict each other")
+    model_path = a.model
+    model_dir = os.path.dirname(os.path.abspath(model_path))
+    out_dir = os.path.abspath(a.out)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CalibError(f"--out {a.out}: exists and is not a folder")
+    acts = read_activations(a.activations)
+    model = load_graph(model_path)
+    if os.path.realpath(out_dir) == os.path.realpath(model_dir):
+        raise CalibError(f"--out {a.out}: is the model's folder; calibration never writes next to the model")
+    check_activations(model, acts, model_path)
+    specs = model_inputs(model)
+    opts = FeedOptions(a.add_position_ids, a.no_position_ids, a.no_past_kv_inputs, a.use_buffer_share, a.use_fp32)
+
+    if a.calib_data:
+        batches = NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
+    else:
+        batches = text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,
+                               a.batch_size)
+    providers = select_providers(a.eps)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise CalibError(f"--out {a.out}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise CalibError(f"--out {a.out}: folder not writable")
+
+    groups = group_by_budget(acts, a.budget_mb * 2**20)
+    graph_inputs = {vi.name for vi in model.graph.input}
+    log(f"{len(acts)} activations, {batches.samples} samples in {batches.n_batches} batches of "
+        f"{batches.batch_size} from {batches.source}, {len(groups)} pass(es), providers "
+        f"{','.join(p for p, _ in providers)}")
+
+    entries: list[dict | None] = [None] * len(acts)
+    provider_used = None
+    tokens_total = tokens_unpadded = 0
+    for gi, group in enumerate(groups):
+        names = [acts[i][0] for i in group]
+        fetch = [n for n in names if n not in graph_inputs]
+        sess = None
+        if fetch:
+            sess = make_session(augmented_model_bytes(model, fetch), model_dir, providers, model_path)
+            provider_used = provider_used or sess.get_providers()[0]
+        accs = {i: Accumulator(acts[i][0], acts[i][1]) for i in group}
+        tt = tu = 0
+        for bi, (feeds, tok_mask) in enumerate(batches):
+            t1 = time.time()
+            if sess is not None:
+                try:
+                    vals = sess.run(fetch, feeds)
+                except Exception as e:  # noqa: BLE001
+                    raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
+                                     f"({first_line(e)})") from None
+                got = dict(zip(fetch, vals))
+                del vals
+            else:
+                got = {}
+            t2 = time.time()
+            flat_mask = None if tok_mask is None else (np.asarray(tok_mask) != 0).reshape(-1)
+            if tok_mask is not None:
+                tt += tok_mask.size
+                tu += int(flat_mask.sum())
+            elif "input_ids" in feeds:
+                tt += feeds["input_ids"].size
+                tu += feeds["input_ids"].size
+            for i in group:
+                name, K = acts[i]
+                x = got.pop(name) if name in got else np.asarray(feeds[name])
+                if x.ndim == 0 or x.shape[-1] != K:
+                    raise CalibError(f"{model_path}: activation '{name}' has shape {list(x.shape)}, its last "
+                                     f"dimension is not K = {K} (--activations)")
+                if x.dtype not in (np.float32, np.float16):
+                    raise CalibError(f"{model_path}: activation '{name}' is {x.dtype}, float32 or float16 expected")
+                X = x.reshape(-1, K)
+                counted = None
+                if a.mask_padding and flat_mask is not None and not flat_mask.all():
+                    if X.shape[0] != flat_mask.size:
+                        raise CalibError(f"{model_path}: activation '{name}' has {X.shape[0]} rows per batch, "
+                                         f"the attention mask {flat_mask.size} tokens: --mask_padding 1 cannot "
+                                         f"tell its padding rows")
+                    counted = flat_mask
+                with np.errstate(all="ignore"):
+                    accs[i].update(X, counted)
+                del x, X
+            t3 = time.time()
+            log(f"pass {gi + 1}/{len(groups)} batch {bi + 1}/{batches.n_batches}: run {t2 - t1:.2f} s, "
+                f"stats {t3 - t2:.2f} s")
+        tokens_total, tokens_unpadded = tt, tu
+        del sess
+        for i in group:
+            acc = accs.pop(i)
+            if acc.nonfinite:
+                warn(f"activation '{acc.name}': non-finite values (inf/nan) in the statistics")
+            files = {"mean_abs_np": f"a{i}.mean_abs_np.f32", "sum_abs": f"a{i}.sum_abs.f64",
+                     "gram": f"a{i}.gram.f64"}
+            try:
+                _write(os.path.join(out_dir, files["mean_abs_np"]), acc.mean_abs_np(), "<f4")
+                _write(os.path.join(out_dir, files["sum_abs"]), acc.sum_abs, "<f8")
+                _write(os.path.join(out_dir, files["gram"]), SYRK.full(acc.gram), "<f8")
+            except OSError as e:
+                raise CalibError(f"--out {a.out}: cannot write ({e.strerror or e})") from None
+            entries[i] = {"name": acc.name, "K": acc.K, "rows": acc.rows, "rows_all": acc.rows_all, **files}
+            del acc
+
+    index = {"version": INDEX_VERSION, "samples": batches.samples, "seq_len": batches.seq_len,
+             "batch_size": batches.batch_size, "provider": provider_used or providers[0][0],
+             "mask_padding": bool(a.mask_padding), "tokens_total": tokens_total,
+             "tokens_unpadded": tokens_unpadded, "passes": len(groups), "source": batches.source,
+             "activations": entries}
+    try:
+        tmp = os.path.join(out_dir, "index.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=1)
+        os.replace(tmp, os.path.join(out_dir, "index.json"))
+    except OSError as e:
+        raise CalibError(f"--out {a.out}: cannot write index.json ({e.strerror or e})") from None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    log(f"done: {len(acts)} activations, {tokens_total} tokens, {len(groups)} pass(es), "
+        f"{time.time() - t0:.1f} s, peak RSS {rss:.0f} MiB")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# grid
+# --------------------------------------------------------------------------------------------
+
+def get_scale(x_max, w_max, alpha):
+    """ModelOpt 0.47 int4.py get_scale, verbatim: x_max / w_max numpy arrays (float32 for fp32 models,
+    float16 for fp16 ones), alpha a Python float (AWQLiteHelper's k.item())."""
+    scales = (x_max.__pow__(alpha) / (w_max.__pow__(1 - alpha) + np.finfo(w_max.dtype).tiny)).clip(
+        min=1e-4, max=1e4
+    )
+    scales = scales / np.sqrt(scales.max() * scales.min())
+    return scales
+
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_GRID_DTYPES = {"float32": (np.float32, "f32"), "float16": (np.float16, "f16")}
+
+
+def grid(a) -> int:
+    req_path = a.request
+    if not os.path.isfile(req_path):
+        raise CalibError(f"--request {req_path}: file not found")
+    try:
+        with open(req_path, encoding="utf-8") as f:
+            req = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CalibError(f"--request {req_path}: not JSON ({first_line(e)})") from None
+    if not isinstance(req, dict):
+        raise CalibError(f"--request {req_path}: a JSON object expected")
+    alphas = req.get("alphas")
+    if not isinstance(alphas, list) or not alphas or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in alphas):
+        raise CalibError(f"--request {req_path}: \"alphas\" must be a non-empty list of numbers")
+    alphas = [float(x) for x in alphas]
+    items = req.get("items")
+    if not isinstance(items, list):
+        raise CalibError(f"--request {req_path}: \"items\" must be a list")
+    base = os.path.dirname(os.path.abspath(req_path))
+    dtype_name = req.get("dtype", "float32")
+    if dtype_name not in _GRID_DTYPES:
+        raise CalibError(f"--request {req_path}: \"dtype\" must be float32 or float16")
+    try:
+        os.makedirs(a.out, exist_ok=True)
+    except OSError as e:
+        raise CalibError(f"--out {a.out}: cannot create the folder ({e.strerror or e})") from None
+    np_dt, ext = _GRID_DTYPES[dtype_name]
+    file_dt = np.dtype(np_dt).newbyteorder("<")
+    for j, it in enumerate(items):
+        if not isinstance(it, dict) or not isinstance(it.get("id"), str) or not _ID_RE.match(it["id"]) \
+                or it["id"] in (".", "..") or not isinstance(it.get("K"), int) or it["K"] <= 0 \
+                or not isinstance(it.get("x_mean"), str) or not isinstance(it.get("w_mean"), str):
+            raise CalibError(f"--request {req_path}: item {j} needs \"id\" (letters, digits, _.-), "
+                             f"\"x_mean\", \"w_mean\" (file names) and \"K\" (positive int)")
+        K = it["K"]
+        vec = {}
+        for key in ("x_mean", "w_mean"):
+            p = os.path.join(base, it[key])
+            try:
+                v = np.fromfile(p, dtype=file_dt)
+            except OSError as e:
+                raise CalibError(f"--request {req_path}: item '{it['id']}': cannot read {key} file {p} "
+                                 f"({e.strerror or e})") from None
+            if os.path.getsize(p) != K * file_dt.itemsize:
+                raise CalibError(f"--request {req_path}: item '{it['id']}': {key} file {p} holds "
+                                 f"{os.path.getsize(p)} bytes, {K} {dtype_name} values expected")
+            vec[key] = v.astype(np_dt)    # native byte order, the dtype ModelOpt has
+        with np.errstate(all="ignore"):
+            rows = [get_scale(vec["x_mean"], vec["w_mean"], alpha) for alpha in alphas]
+        outp = os.path.join(a.out, f"{it['id']}.grid.{ext}")
+        try:
+            _write(outp, np.stack(rows), file_dt)
+        except OSError as e:
+            raise CalibError(f"--out {a.out}: cannot write {outp} ({e.strerror or e})") from None
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    warnings.filterwarnings("ignore")
+    try:
+        a = build_parser().parse_args(argv)
+        if a.cmd == "capture":
+            try:
+                import onnxruntime as ort
+                ort.set_default_logger_severity(3)
+            except ImportError:
+                raise CalibError("the Python package 'onnxruntime' is not installed") from None
+            return capture(a)
+        if a.cmd == "grid":
+            return grid(a)
+        raise CalibError("command line: a subcommand is needed: capture or grid")
+    except CalibError as e:
+        msg = " ".join(str(e).split("\n"))
+        print(f"calibration: {msg}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("calibration: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except MemoryError:
+        print("calibration: out of memory (try a smaller --batch_size or --budget_mb)", file=sys.stderr, flush=True)
+        return 2
+    except Exception as e:  # noqa: BLE001 - never a traceback
+        if os.environ.get("NIBBLE_CALIB_TRACEBACK"):
+            import traceback
+            traceback.print_exc()
+        print(f"calibration: internal error: {type(e).__name__}: {first_line(e)}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

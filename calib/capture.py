@@ -322,7 +322,10 @@ class Accumulator:
         if Xd.shape[0]:
             self.sum_abs += np.add.reduce(np.abs(Xd), axis=0)
             if self.gram is not None:
-                SYRK.add(self.gram, Xd)
+                # Each batch's X^T X in float32 (numpy runs A.T @ A as one ssyrk: half the time of
+                # float64), summed over batches in float64: the loss search needs ~1e-6, not 1e-15.
+                X32 = np.ascontiguousarray(Xc, dtype=np.float32)
+                self.gram += (X32.T @ X32).astype(np.float64)
             if not np.isfinite(self.sum_abs).all():
                 self.nonfinite += 1
         self.rows += Xd.shape[0]

@@ -10,6 +10,12 @@
 
 namespace nibble {
 
+const std::vector<float>& block_clip_ratios() {
+  static const std::vector<float> r = {1.0f,   0.975f, 0.95f,  0.925f, 0.9f,  0.875f, 0.85f, 0.825f,
+                                       0.8f,   0.775f, 0.75f,  0.7f,   0.65f, 0.6f,   0.55f, 0.5f};
+  return r;
+}
+
 std::vector<double> awq_alphas(double step) {
   // np.arange(0, 1 + step, step) values (i * step), as ModelOpt builds them.
   std::vector<double> out;
@@ -168,7 +174,8 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
       double loss = 0;
       for (size_t j = 0; j < idx.size(); ++j) {
         const auto& pw = plan.weights[idx[j]];
-        loss += kernels::awq_loss(ws[j].w, ws[j].w_kn, scales.back().data(), spec_of(pw, o), g32, st.rows) *
+        loss += kernels::awq_loss(ws[j].w, ws[j].w_kn, scales.back().data(), spec_of(pw, o), g32, st.rows,
+                                  std::getenv("NIBBLE_PLAIN_LOSS") ? nullptr : &block_clip_ratios()) *
                 double(pw.N()) / double(n_total);
       }
       c.losses.push_back(loss);

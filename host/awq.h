@@ -27,6 +27,9 @@ struct AwqChoice {
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                  const QuantizeOptions& options, bool modelopt);
 
+// Clip ratios a block may choose from in nibble mode (with either sign of the scale).
+const std::vector<float>& block_clip_ratios();
+
 // The alpha grid: ModelOpt's per-node grid is fixed at 0.0, 0.1, ..., 1.0 (np.arange values).
 std::vector<double> awq_alphas(double step);
 

@@ -17,6 +17,7 @@
 #include "host/rewrite.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/awq_ref.h"
+#include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
 #include "loaders/genai_folder.h"
@@ -212,7 +213,18 @@ int run_quantize(const QuantizeOptions& o) {
       w.data = prepared.data();
     }
     kernels::QuantResult q;
-    backend->rtn(w, spec, q);
+    if (awq && !modelopt_mode && !std::getenv("NIBBLE_NO_BLOCK_SEARCH")) {
+      // nibble mode: each block picks its clip ratio by the activation-weighted error, the
+      // weight of input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
+      const kernels::ActivationStats st = calib->stats(pw.activation, false);
+      const auto& sc = choices.at(pw.weight).scale;
+      std::vector<float> energy(size_t(pw.K()));
+      for (int64_t k = 0; k < pw.K(); ++k)
+        energy[size_t(k)] = float(st.gram[k * st.K + k] / (double(sc[size_t(k)]) * double(sc[size_t(k)])));
+      kernels::rtn_quantize_weighted(w, spec, energy.data(), block_clip_ratios(), q);
+    } else {
+      backend->rtn(w, spec, q);
+    }
     validate_result(pw, q);
     uint64_t bytes = 0;
     const Format used = rewriter.emit(pw, spec, q, &bytes);

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/rtn_fast.h"
+#include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 
 namespace nibble::kernels {
@@ -107,13 +108,19 @@ std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) {
 }
 
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
-                const float* gram32, int64_t rows) {
+                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios) {
   const int64_t K = w.K(), N = w.N();
   const std::vector<uint8_t> scaled = scale_weight(w, s);
   WeightMatrix sw = w;
   sw.data = scaled.data();
   QuantResult q;
-  rtn_quantize_fast(sw, spec, q);
+  if (clip_ratios) {
+    std::vector<float> energy(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
+    rtn_quantize_weighted(sw, spec, energy.data(), *clip_ratios, q);
+  } else {
+    rtn_quantize_fast(sw, spec, q);
+  }
   // D = W - Ŵ / s in the logical [K, N] layout; Ŵ is what DequantizeLinear gives (weight dtype).
   std::vector<float> d(size_t(K * N));
   const int64_t G = q.groups;

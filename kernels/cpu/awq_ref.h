@@ -30,8 +30,10 @@ std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector
 
 // The AWQ loss of scale s for weight w (stored layout) against the Gram matrix gram32 (K x K fp32).
 // The scaled weight is rounded to w.dtype and quantized with `spec` exactly as the final weight.
+// With `clip_ratios`, the weight is quantized as nibble's final weights are: each block picks its
+// clip ratio by the error weighted with diag(XᵀX)[k] / s[k]^2 (rtn_quantize_weighted).
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
-                const float* gram32, int64_t rows);
+                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr);
 
 // W ⊙ s along K, rounded to w.dtype, in the stored layout (what gets quantized).
 std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s);

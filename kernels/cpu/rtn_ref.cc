@@ -132,3 +132,69 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
 }
 
 }  // namespace nibble::kernels
+
+namespace nibble::kernels {
+
+void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* weight,
+                           const std::vector<float>& ratios, QuantResult& out) {
+  const int64_t K = w.K(), N = w.N(), bs = spec.block;
+  const int64_t G = num_blocks(K, bs);
+  const bool zp = spec.zero_point;
+  out.groups = G;
+  out.codes.assign(size_t(w.rows * w.cols), 0);
+  out.scales.assign(size_t(G * N), 0.0f);
+  out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
+  auto param_index = [&](int64_t g, int64_t n) { return w.k_axis == 0 ? g * N + n : n * G + g; };
+  auto elem_index = [&](int64_t k, int64_t n) { return w.k_axis == 0 ? k * N + n : n * K + k; };
+  std::vector<double> col_error(size_t(N), 0.0);
+  parallel_for(N, [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(bs));
+    double total = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t k0 = g * bs, k1 = std::min(K, k0 + bs);
+      const bool partial = (k1 - k0) < bs;
+      float amax = 0, mn = partial ? 0.0f : INFINITY, mx = partial ? 0.0f : -INFINITY;
+      for (int64_t k = k0; k < k1; ++k) {
+        v[size_t(k - k0)] = load_float(w.dtype, w.data, size_t(elem_index(k, n)));
+        amax = std::max(amax, std::fabs(v[size_t(k - k0)]));
+        mn = std::min(mn, v[size_t(k - k0)]);
+        mx = std::max(mx, v[size_t(k - k0)]);
+      }
+      BlockParams best{};
+      double best_err = INFINITY;
+      for (size_t ri = 0; ri < ratios.size() * (zp ? 1 : 2); ++ri) {
+        const float r = ratios[ri % ratios.size()];
+        BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, spec.bits, w.dtype)
+                           : block_params_symmetric(r * amax, spec.bits, w.dtype);
+        // The second half of the candidates negates the scale: the block's extreme value then
+        // lands on the otherwise unused code -2^(b-1) (ONNX Runtime's 16-level symmetric grid).
+        if (ri >= ratios.size()) p.scale = -p.scale;
+        double err = 0;
+        for (int64_t k = k0; k < k1; ++k) {
+          const float x = v[size_t(k - k0)];
+          const float d = x - round_to(w.dtype, dequantize_value(quantize_value(x, p, spec.bits, zp, w.dtype), p,
+                                                                  spec.bits, zp));
+          err += double(weight[k]) * double(d) * double(d);
+        }
+        if (err < best_err) {
+          best_err = err;
+          best = p;
+        }
+      }
+      out.scales[size_t(param_index(g, n))] = best.scale;
+      if (zp) out.zero_points[size_t(param_index(g, n))] = best.zero_point;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float x = v[size_t(k - k0)];
+        const uint8_t c = quantize_value(x, best, spec.bits, zp, w.dtype);
+        out.codes[size_t(elem_index(k, n))] = c;
+        const double d = double(x) - double(round_to(w.dtype, dequantize_value(c, best, spec.bits, zp)));
+        total += d * d;
+      }
+    }
+    col_error[size_t(n)] = total;
+  });
+  out.sq_error = 0;
+  for (double e : col_error) out.sq_error += e;
+}
+
+}  // namespace nibble::kernels

@@ -35,3 +35,14 @@ float dequantize_value(uint8_t code, const BlockParams& p, int bits, bool zero_p
 void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out);
 
 }  // namespace nibble::kernels
+
+namespace nibble::kernels {
+
+// RTN with a per-block clip search: every block tries scales r * (its RTN scale) for r in
+// `ratios` and keeps the one with the smallest weighted error sum_k weight[k] * (w_k - ŵ_k)^2
+// (weight: one value per K channel, e.g. the activation energy diag(XᵀX) of that input channel).
+// Symmetric codes may reach -2^(b-1) when r < 1. Zero-point mode scales the block's [min, max].
+void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* weight,
+                           const std::vector<float>& ratios, QuantResult& out);
+
+}  // namespace nibble::kernels

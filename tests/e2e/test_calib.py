@@ -180,7 +180,8 @@ def reference_activations(model: str, batches: list[dict], names: list[str]) -> 
 
 
 def check_stats(idx: dict, ref: dict[str, list[np.ndarray]], masks: list[np.ndarray] | None, mask_padding: bool):
-    """mean_abs_np bit-exact (ModelOpt's x_mean), sum_abs / gram to 1e-12 relative, rows."""
+    """mean_abs_np bit-exact (ModelOpt's x_mean), sum_abs to 1e-12 relative, gram to float32 accuracy
+    (each batch's X^T X is one float32 syrk, summed in float64), rows."""
     by = {e["name"]: e for e in idx["activations"]}
     assert set(by) == set(ref)
     for name, parts in ref.items():
@@ -205,8 +206,9 @@ def check_stats(idx: dict, ref: dict[str, list[np.ndarray]], masks: list[np.ndar
         s = np.abs(Xd).sum(0)
         np.testing.assert_allclose(e["_sum"], s, rtol=1e-12, atol=0, err_msg=name)
         G = Xd.T @ Xd
-        bound = 1e-12 * (np.abs(Xd).T @ np.abs(Xd)) + 1e-300
-        assert (np.abs(e["_gram"] - G) <= bound).all(), f"{name}: gram differs beyond 1e-12 relative"
+        # float32 dot products of length rows: |error| <= ~rows * 2^-24 * sum |x_i x_j|
+        bound = 4 * Xd.shape[0] * 2.0 ** -24 * (np.abs(Xd).T @ np.abs(Xd)) + 1e-300
+        assert (np.abs(e["_gram"] - G) <= bound).all(), f"{name}: gram differs beyond float32 accuracy"
         assert np.array_equal(e["_gram"], e["_gram"].T), f"{name}: gram not symmetric"
 
 

@@ -16,6 +16,12 @@ const std::vector<float>& block_clip_ratios() {
   return r;
 }
 
+// Inside the alpha search a shorter list keeps the cost down (the final weights use them all).
+const std::vector<float>& search_clip_ratios() {
+  static const std::vector<float> r = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f};
+  return r;
+}
+
 std::vector<double> awq_alphas(double step) {
   // np.arange(0, 1 + step, step) values (i * step), as ModelOpt builds them.
   std::vector<double> out;
@@ -175,7 +181,7 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
       for (size_t j = 0; j < idx.size(); ++j) {
         const auto& pw = plan.weights[idx[j]];
         loss += kernels::awq_loss(ws[j].w, ws[j].w_kn, scales.back().data(), spec_of(pw, o), g32, st.rows,
-                                  std::getenv("NIBBLE_PLAIN_LOSS") ? nullptr : &block_clip_ratios()) *
+                                  &search_clip_ratios()) *
                 double(pw.N()) / double(n_total);
       }
       c.losses.push_back(loss);

@@ -17,6 +17,7 @@
 #include "host/rewrite.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/awq_ref.h"
+#include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
@@ -221,7 +222,7 @@ int run_quantize(const QuantizeOptions& o) {
       std::vector<float> energy(size_t(pw.K()));
       for (int64_t k = 0; k < pw.K(); ++k)
         energy[size_t(k)] = float(st.gram[k * st.K + k] / (double(sc[size_t(k)]) * double(sc[size_t(k)])));
-      kernels::rtn_quantize_weighted(w, spec, energy.data(), block_clip_ratios(), q);
+      kernels::rtn_quantize_weighted_fast(w, spec, energy.data(), block_clip_ratios(), q);
     } else {
       backend->rtn(w, spec, q);
     }

@@ -45,6 +45,14 @@ inline float np_pow(float x, float a) {
 
 }  // namespace
 
+void use_single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
 float numpy_sum_f32(const float* a, int64_t n) { return pairwise(a, n); }
 
 std::vector<float> logical_weight(const WeightMatrix& w) {
@@ -109,6 +117,7 @@ std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) {
 
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios) {
+  use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N();
   const std::vector<uint8_t> scaled = scale_weight(w, s);
   WeightMatrix sw = w;
@@ -117,7 +126,7 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   if (clip_ratios) {
     std::vector<float> energy(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; ++k) energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
-    rtn_quantize_weighted(sw, spec, energy.data(), *clip_ratios, q);
+    rtn_quantize_weighted_fast(sw, spec, energy.data(), *clip_ratios, q);
   } else {
     rtn_quantize_fast(sw, spec, q);
   }
@@ -134,9 +143,15 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
       d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
     }
   });
+  // G·D in fixed column chunks, one single-threaded sgemm each on our own threads: the result does
+  // not depend on the thread count, and no idle BLAS threads spin beside ours.
   std::vector<float> gd(size_t(K * N));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(N), int(K), 1.0f, gram32, int(K), d.data(),
-              int(N), 0.0f, gd.data(), int(N));
+  constexpr int64_t kChunk = 64;
+  parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
+    const int64_t n0 = c * kChunk, w = std::min(N, n0 + kChunk) - n0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(w), int(K), 1.0f, gram32, int(K),
+                d.data() + n0, int(N), 0.0f, gd.data() + n0, int(N));
+  });
   double sum = 0;
   for (size_t i = 0; i < d.size(); ++i) sum += double(d[i]) * double(gd[i]);
   return sum / (double(rows) * double(N));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/rtn_ref.h"
@@ -204,7 +205,115 @@ void dispatch(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
   }
 }
 
+// One block-row tile of the weighted clip search; candidates in rtn_quantize_weighted's order
+// (ratio, then the same ratios with the scale negated), first strict minimum wins.
+template <DType T, bool ZP>
+void weighted_axis0(const WeightMatrix& w, const QuantSpec& spec, const float* weight, const std::vector<float>& ratios,
+                    QuantResult& out) {
+  using S = typename Elem<T>::Storage;
+  const S* data = static_cast<const S*>(w.data);
+  const float* table = T == DType::kFloat16 ? half_table() : nullptr;
+  const int64_t K = w.rows, N = w.cols, bs = spec.block, G = out.groups;
+  const int64_t col_tiles = num_blocks(N, kColsPerTile);
+  const Range range = code_range(spec.bits, ZP);
+  const size_t n_cand = ratios.size() * (ZP ? 1 : 2);
+  std::vector<double> tile_error(size_t(G * col_tiles), 0.0);
+  parallel_for(G * col_tiles, [&](int64_t t) {
+    const int64_t g = t / col_tiles, c0 = (t % col_tiles) * kColsPerTile;
+    const int64_t width = std::min(N, c0 + kColsPerTile) - c0;
+    const int64_t k0 = g * bs, k1 = std::min(K, k0 + bs);
+    const bool partial = (k1 - k0) < bs;
+    float amax[kColsPerTile], mn[kColsPerTile], mx[kColsPerTile];
+    for (int64_t c = 0; c < width; ++c) {
+      amax[c] = 0.0f;
+      mn[c] = partial ? 0.0f : INFINITY;
+      mx[c] = partial ? 0.0f : -INFINITY;
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      const S* row = data + k * N + c0;
+      for (int64_t c = 0; c < width; ++c) {
+        const float v = Elem<T>::load(row, c, table);
+        amax[c] = std::max(amax[c], std::fabs(v));
+        mn[c] = std::min(mn[c], v);
+        mx[c] = std::max(mx[c], v);
+      }
+    }
+    float best_s[kColsPerTile], best_z[kColsPerTile], s[kColsPerTile], z[kColsPerTile];
+    double best_err[kColsPerTile], err[kColsPerTile];
+    for (int64_t c = 0; c < width; ++c) best_err[c] = INFINITY;
+    for (size_t ci = 0; ci < n_cand; ++ci) {
+      const float r = ratios[ci % ratios.size()];
+      for (int64_t c = 0; c < width; ++c) {
+        const BlockParams p = ZP ? block_params_zero_point(r * mn[c], r * mx[c], spec.bits, T)
+                                 : block_params_symmetric(r * amax[c], spec.bits, T);
+        s[c] = ci >= ratios.size() ? -p.scale : p.scale;
+        z[c] = float(p.zero_point);
+        err[c] = 0.0;
+      }
+      for (int64_t k = k0; k < k1; ++k) {
+        const S* __restrict row = data + k * N + c0;
+        const double wk = weight[k];
+        for (int64_t c = 0; c < width; ++c) {
+          const float v = Elem<T>::load(row, c, table);
+          // clamp one step outside the range first: no branch in the rint (see run_axis0)
+          float q = clamp_nan_lo(quotient<T>(v, s[c]), range.lo - 1 - (ZP ? z[c] : 0), range.hi + 1);
+          q = (q + 12582912.0f) - 12582912.0f;
+          if constexpr (ZP) q += z[c];
+          q = clamp_nan_lo(q, range.lo, range.hi);
+          const float d = v - dequant_in_dtype<T>(ZP ? q - z[c] : q, s[c]);
+          err[c] += wk * double(d) * double(d);
+        }
+      }
+      for (int64_t c = 0; c < width; ++c)
+        if (err[c] < best_err[c]) {
+          best_err[c] = err[c];
+          best_s[c] = s[c];
+          best_z[c] = z[c];
+        }
+    }
+    double total = 0;
+    for (int64_t c = 0; c < width; ++c) {
+      out.scales[size_t(g * N + c0 + c)] = best_s[c];
+      if (ZP) out.zero_points[size_t(g * N + c0 + c)] = uint8_t(best_z[c]);
+    }
+    double col_err[kColsPerTile] = {};
+    for (int64_t k = k0; k < k1; ++k) {
+      const S* row = data + k * N + c0;
+      uint8_t* codes = out.codes.data() + k * N + c0;
+      for (int64_t c = 0; c < width; ++c)
+        codes[c] = quantize_one<T, ZP>(Elem<T>::load(row, c, table), best_s[c], best_z[c], range, col_err[c]);
+    }
+    for (int64_t c = 0; c < width; ++c) total += col_err[c];
+    tile_error[size_t(t)] = total;
+  });
+  out.sq_error = 0;
+  for (double e : tile_error) out.sq_error += e;
+}
+
 }  // namespace
+
+void rtn_quantize_weighted_fast(const WeightMatrix& w, const QuantSpec& spec, const float* weight,
+                                const std::vector<float>& ratios, QuantResult& out) {
+  if (w.k_axis != 0) {
+    rtn_quantize_weighted(w, spec, weight, ratios, out);  // [N, K] layouts: the reference
+    return;
+  }
+  out.groups = num_blocks(w.K(), spec.block);
+  out.codes.assign(size_t(w.rows * w.cols), 0);
+  out.scales.assign(size_t(out.groups * w.N()), 0.0f);
+  out.zero_points.assign(spec.zero_point ? out.scales.size() : 0, 0);
+  auto run = [&](auto tag) {
+    constexpr DType T = decltype(tag)::value;
+    spec.zero_point ? weighted_axis0<T, true>(w, spec, weight, ratios, out)
+                    : weighted_axis0<T, false>(w, spec, weight, ratios, out);
+  };
+  switch (w.dtype) {
+    case DType::kFloat32: run(std::integral_constant<DType, DType::kFloat32>{}); break;
+    case DType::kFloat16: run(std::integral_constant<DType, DType::kFloat16>{}); break;
+    case DType::kBFloat16: run(std::integral_constant<DType, DType::kBFloat16>{}); break;
+    default: throw std::invalid_argument("rtn: weight dtype must be fp32, fp16 or bf16");
+  }
+}
 
 void rtn_quantize_fast(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");

@@ -8,4 +8,8 @@ namespace nibble::kernels {
 
 void rtn_quantize_fast(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out);
 
+// rtn_quantize_weighted (rtn_ref.h), bit for bit, vectorized over the columns of [K, N] weights.
+void rtn_quantize_weighted_fast(const WeightMatrix& w, const QuantSpec& spec, const float* weight,
+                                const std::vector<float>& ratios, QuantResult& out);
+
 }  // namespace nibble::kernels

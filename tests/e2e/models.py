@@ -477,3 +477,146 @@ def build_cached(root: str, tag: str, factory: Callable[[], onnx.ModelProto], st
     if not os.path.exists(path):
         save(factory(), path, "external" if storage == "external" else "inline")
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# AWQ-lite test model: every place the AWQ input scale 1/s can go
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AwqSpec:
+    """fp32, input ``hidden`` [batch, seq, H].  H=80 and I=200 are not multiples of block 32."""
+    hidden: int = 80          # H
+    inter: int = 200          # I
+    scalar_mul: bool = True   # a Mul by a SCALAR constant feeding a MatMul (ModelOpt cannot fold it, §5.5 defect 3)
+    skip_bias: bool = True    # SkipSimplifiedLayerNormalization with a bias (ModelOpt 0.47 raises KeyError folding it)
+    seed: int = 2024
+
+    @property
+    def tag(self) -> str:
+        return f"awq_h{self.hidden}_i{self.inter}_s{int(self.scalar_mul)}{int(self.skip_bias)}_{self.seed}"
+
+
+# Which producer each activation of the AWQ model has, and where nibble puts its 1/s (fuse on):
+#   n1    SimplifiedLayerNormalization (default domain, as ORT-GenAI)  -> gamma  (q, k, v siblings)
+#   n2    SkipSimplifiedLayerNormalization (com.microsoft, with bias)  -> gamma  (gate, up siblings; never the bias)
+#   ctx   Add (q*sigmoid(k)+v)                                          -> Mul node    (o_proj)
+#   m     Mul (silu(gate) * up), no constant                            -> Mul node    (down_proj)
+#   r2    Add, also read by other nodes and a graph output              -> Mul node    (chain_a)
+#   c1    MatMul chain_a (itself quantized)                             -> chain_a's weight columns (chain_b)
+#   t     Mul(r2, vector constant [H])                                  -> the constant  (mulc)
+#   t2    Mul(r2, scalar constant)                                      -> the constant, now [H] (mulsc)
+#   ln    LayerNormalization(r2, scale, bias)                           -> scale and bias  (lnp)
+#   hidden  graph input                                                 -> <w>_PQS Mul per weight (inproj)
+AWQ_WEIGHTS = [  # (node, weight, activation) in graph order
+    ("/model/layers.0/attn/q_proj/MatMul", "model.layers.0.attn.q_proj.MatMul.weight", "n1"),
+    ("/model/layers.0/attn/k_proj/MatMul", "model.layers.0.attn.k_proj.MatMul.weight", "n1"),
+    ("/model/layers.0/attn/v_proj/MatMul", "model.layers.0.attn.v_proj.MatMul.weight", "n1"),
+    ("/model/layers.0/attn/o_proj/MatMul", "model.layers.0.attn.o_proj.MatMul.weight", "ctx"),
+    ("/model/layers.0/mlp/gate_proj/MatMul", "model.layers.0.mlp.gate_proj.MatMul.weight", "n2"),
+    ("/model/layers.0/mlp/up_proj/MatMul", "model.layers.0.mlp.up_proj.MatMul.weight", "n2"),
+    ("/model/layers.0/mlp/down_proj/MatMul", "model.layers.0.mlp.down_proj.MatMul.weight", "m"),
+    ("/model/chain_a/MatMul", "model.chain_a.weight", "r2"),
+    ("/model/chain_b/MatMul", "model.chain_b.weight", "c1"),
+    ("/model/mulc/MatMul", "model.mulc.weight", "t"),
+    ("/model/mulsc/MatMul", "model.mulsc.weight", "t2"),
+    ("/model/lnp/MatMul", "model.lnp.weight", "ln"),
+    ("/model/inproj/MatMul", "model.inproj.weight", "hidden"),
+]
+AWQ_OUTPUTS = ["y_chain", "y_mulc", "y_mulsc", "y_ln", "y_in", "r2"]
+AWQ_OUTLIERS = {3: 25.0, 17: 12.0, 42: 30.0, 61: 15.0}   # hidden channel -> scale of the input distribution
+
+
+def awq_weights(spec: AwqSpec) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(spec.seed)
+    H, I = spec.hidden, spec.inter
+    kn = {"q_proj": (H, H), "k_proj": (H, H), "v_proj": (H, H), "o_proj": (H, H),
+          "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+    w: dict[str, np.ndarray] = {}
+    w["model.layers.0.input_layernorm.weight"] = (1.0 + 0.2 * rng.standard_normal(H)).astype(np.float32)
+    w["model.layers.0.post_attention_layernorm.weight"] = (1.0 + 0.2 * rng.standard_normal(H)).astype(np.float32)
+    w["model.layers.0.post_attention_layernorm.bias"] = (0.1 * rng.standard_normal(H)).astype(np.float32)
+    for role, (k, n) in kn.items():
+        part = "attn" if role in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        w[f"model.layers.0.{part}.{role}.MatMul.weight"] = make_weight(rng, k, n, "fp32")
+    w["model.chain_a.weight"] = make_weight(rng, H, I, "fp32")
+    w["model.chain_b.weight"] = make_weight(rng, I, H, "fp32")
+    w["model.mulc.const"] = (0.5 + rng.random(H)).astype(np.float32)
+    w["model.mulc.weight"] = make_weight(rng, H, H, "fp32")
+    w["model.mulsc.const"] = np.array(0.75, np.float32)
+    w["model.mulsc.weight"] = make_weight(rng, H, H, "fp32")
+    w["model.ln.scale"] = (1.0 + 0.2 * rng.standard_normal(H)).astype(np.float32)
+    w["model.ln.bias"] = (0.1 * rng.standard_normal(H)).astype(np.float32)
+    w["model.lnp.weight"] = make_weight(rng, H, H, "fp32")
+    w["model.inproj.weight"] = make_weight(rng, H, H, "fp32")
+    if not spec.scalar_mul:
+        del w["model.mulsc.const"], w["model.mulsc.weight"]
+    if not spec.skip_bias:
+        del w["model.layers.0.post_attention_layernorm.bias"]
+    return w
+
+
+def make_awq(spec: AwqSpec) -> onnx.ModelProto:
+    """The AWQ placement model (see AWQ_WEIGHTS).  SimplifiedLayerNormalization is in the DEFAULT
+    domain, as ORT-GenAI writes it (ORT registers it there; onnx.checker does not know it, so the
+    model is not checked)."""
+    H, I = spec.hidden, spec.inter
+    W = awq_weights(spec)
+    nodes = []
+    wn = {n: (node, act) for node, n, act in AWQ_WEIGHTS}
+
+    def mm(weight: str, x: str, out: str):
+        nodes.append(helper.make_node("MatMul", [x, weight], [out], name=wn[weight][0]))
+        return out
+
+    p, q = "/model/layers.0", "model.layers.0"
+    nodes.append(helper.make_node("SimplifiedLayerNormalization", ["hidden", f"{q}.input_layernorm.weight"], ["n1"],
+                                  name=f"{p}/input_layernorm/LayerNorm", axis=-1, epsilon=1e-5, stash_type=1))
+    for r in ("q", "k", "v"):
+        mm(f"{q}.attn.{r}_proj.MatMul.weight", "n1", f"{p}/attn/{r}_proj/MatMul/output_0")
+    nodes.append(helper.make_node("Sigmoid", [f"{p}/attn/k_proj/MatMul/output_0"], ["k_sig"], name=f"{p}/attn/Sigmoid"))
+    nodes.append(helper.make_node("Mul", [f"{p}/attn/q_proj/MatMul/output_0", "k_sig"], ["qk"], name=f"{p}/attn/Mul"))
+    nodes.append(helper.make_node("Add", ["qk", f"{p}/attn/v_proj/MatMul/output_0"], ["ctx"], name=f"{p}/attn/Add"))
+    mm(f"{q}.attn.o_proj.MatMul.weight", "ctx", f"{p}/attn/o_proj/MatMul/output_0")
+    nodes.append(helper.make_node(
+        "SkipSimplifiedLayerNormalization",
+        [f"{p}/attn/o_proj/MatMul/output_0", "hidden", f"{q}.post_attention_layernorm.weight"]
+        + ([f"{q}.post_attention_layernorm.bias"] if spec.skip_bias else []),
+        ["n2", "", "", "r1"], name=f"{p}/post_attention_layernorm/SkipLayerNorm", domain="com.microsoft",
+        epsilon=1e-5))
+    mm(f"{q}.mlp.gate_proj.MatMul.weight", "n2", "gate")
+    mm(f"{q}.mlp.up_proj.MatMul.weight", "n2", "up")
+    nodes.append(helper.make_node("Sigmoid", ["gate"], ["gate_sig"], name=f"{p}/mlp/act_fn/Sigmoid"))
+    nodes.append(helper.make_node("Mul", ["gate", "gate_sig"], ["silu"], name=f"{p}/mlp/act_fn/Mul"))
+    nodes.append(helper.make_node("Mul", ["silu", "up"], ["m"], name=f"{p}/mlp/Mul"))
+    mm(f"{q}.mlp.down_proj.MatMul.weight", "m", "down")
+    nodes.append(helper.make_node("Add", ["r1", "down"], ["r2"], name=f"{p}/residual/Add"))
+    mm("model.chain_a.weight", "r2", "c1")
+    mm("model.chain_b.weight", "c1", "y_chain")
+    nodes.append(helper.make_node("Mul", ["r2", "model.mulc.const"], ["t"], name="/model/mulc/Mul"))
+    mm("model.mulc.weight", "t", "y_mulc")
+    if spec.scalar_mul:
+        nodes.append(helper.make_node("Mul", ["model.mulsc.const", "r2"], ["t2"], name="/model/mulsc/Mul"))
+        mm("model.mulsc.weight", "t2", "y_mulsc")
+    nodes.append(helper.make_node("LayerNormalization", ["r2", "model.ln.scale", "model.ln.bias"], ["ln"],
+                                  name="/model/ln/LayerNormalization", axis=-1, epsilon=1e-5))
+    mm("model.lnp.weight", "ln", "y_ln")
+    mm("model.inproj.weight", "hidden", "y_in")
+    f = TensorProto.FLOAT
+    outs = [o for o in AWQ_OUTPUTS if spec.scalar_mul or o != "y_mulsc"]
+    graph = helper.make_graph(
+        nodes, "nibble_test_awq", [helper.make_tensor_value_info("hidden", f, ["batch", "seq", H])],
+        [helper.make_tensor_value_info(o, f, ["batch", "seq", H]) for o in outs],
+        initializer=[make_tensor(k, v) for k, v in W.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                             producer_name="nibble-e2e-tests", ir_version=10)
+
+
+def awq_hidden(spec: AwqSpec, samples: int, seq: int, seed: int) -> np.ndarray:
+    """[samples, seq, H] float32 hidden states with outlier channels (AWQ_OUTLIERS): the npz array
+    for --calib_data (axis 0 = samples, batch 1 each), or held-out inputs (batch = samples)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, seq, spec.hidden)).astype(np.float32)
+    for c, f in AWQ_OUTLIERS.items():
+        x[..., c] *= np.float32(f)
+    return x

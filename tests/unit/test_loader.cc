@@ -31,6 +31,7 @@ class LoaderTest : public ::testing::Test {
     m.set_ir_version(8);
     m.add_opset_import()->set_version(17);
     auto* g = m.mutable_graph();
+    g->add_input()->set_name("x");  // every node input must be defined (the loader checks)
     auto* n = g->add_node();
     n->set_op_type("MatMul");
     n->set_name("/model/layers.0/mlp/up_proj/MatMul");

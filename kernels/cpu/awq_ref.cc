@@ -146,7 +146,7 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   // G·D in fixed column chunks, one single-threaded sgemm each on our own threads: the result does
   // not depend on the thread count, and no idle BLAS threads spin beside ours.
   std::vector<float> gd(size_t(K * N));
-  constexpr int64_t kChunk = 64;
+  constexpr int64_t kChunk = 256;  // each call repacks the Gram matrix: few, wide chunks
   parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
     const int64_t n0 = c * kChunk, w = std::min(N, n0 + kChunk) - n0;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(w), int(K), 1.0f, gram32, int(K),

@@ -210,7 +210,13 @@ int run_quantize(const QuantizeOptions& o) {
           }
         w.data = prepared.data();
       }
-      prepared = kernels::scale_weight(w, choices.at(pw.weight).scale.data());
+      if (modelopt_mode) {
+        prepared = kernels::scale_weight(w, choices.at(pw.weight).scale.data());
+      } else {  // nibble: W ⊙ s in fp32, scales rounded to the weight dtype
+        prepared = kernels::scale_weight_f32(w, choices.at(pw.weight).scale.data());
+        w.dtype = DType::kFloat32;
+        spec.scale_dtype = pw.dtype;
+      }
       w.data = prepared.data();
     }
     kernels::QuantResult q;

@@ -25,7 +25,14 @@ struct QuantSpec {
   int bits = 4;             // 4 or 8
   int64_t block = 128;      // resolved block length along K (K itself for per-channel)
   bool zero_point = false;  // asymmetric codes in [0, 2^bits - 1] with a zero point per block
+  // Type the scales are rounded to when it differs from the data's (nibble-mode AWQ quantizes an
+  // fp32 W ⊙ s of an fp16/bf16 weight); kUndefined: the data's own dtype.
+  DType scale_dtype = DType::kUndefined;
 };
+
+inline DType scale_type(const QuantSpec& s, DType data) {
+  return s.scale_dtype == DType::kUndefined ? data : s.scale_dtype;
+}
 
 inline int64_t num_blocks(int64_t K, int64_t block) { return (K + block - 1) / block; }
 

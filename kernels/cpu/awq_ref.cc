@@ -115,19 +115,37 @@ std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) {
   return out;
 }
 
+std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) {
+  std::vector<uint8_t> out(size_t(w.rows * w.cols) * sizeof(float));
+  float* o = reinterpret_cast<float*>(out.data());
+  parallel_for(w.rows, [&](int64_t r) {
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const size_t i = size_t(r * w.cols + c);
+      o[i] = load_float(w.dtype, w.data, i) * s[w.k_axis == 0 ? r : c];
+    }
+  });
+  return out;
+}
+
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios) {
   use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N();
-  const std::vector<uint8_t> scaled = scale_weight(w, s);
-  WeightMatrix sw = w;
-  sw.data = scaled.data();
   QuantResult q;
-  if (clip_ratios) {
+  WeightMatrix sw = w;
+  std::vector<uint8_t> scaled;
+  if (clip_ratios) {  // nibble: W ⊙ s kept in fp32, scales rounded to the weight dtype
     std::vector<float> energy(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; ++k) energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
-    rtn_quantize_weighted_fast(sw, spec, energy.data(), *clip_ratios, q);
+    scaled = scale_weight_f32(w, s);
+    sw.dtype = DType::kFloat32;
+    sw.data = scaled.data();
+    QuantSpec fspec = spec;
+    fspec.scale_dtype = w.dtype;
+    rtn_quantize_weighted_fast(sw, fspec, energy.data(), *clip_ratios, q);
   } else {
+    scaled = scale_weight(w, s);
+    sw.data = scaled.data();
     rtn_quantize_fast(sw, spec, q);
   }
   // D = W - Ŵ / s in the logical [K, N] layout; Ŵ is what DequantizeLinear gives (weight dtype).
@@ -139,7 +157,7 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
       const size_t pi = size_t(w.k_axis == 0 ? g * N + n : n * G + g);
       const size_t ci = size_t(w.k_axis == 0 ? k * N + n : n * K + k);
       const int code = spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
-      const float deq = round_to(w.dtype, float(code) * q.scales[pi]);
+      const float deq = round_to(sw.dtype, float(code) * q.scales[pi]);
       d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
     }
   });

@@ -35,6 +35,9 @@ std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr);
 
+// W ⊙ s along K in fp32 whatever w.dtype is (nibble mode), stored layout.
+std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s);
+
 // OpenBLAS runs single-threaded inside our parallel_for (called by awq_loss).
 void use_single_threaded_blas();
 

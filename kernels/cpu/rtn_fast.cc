@@ -217,6 +217,7 @@ void weighted_axis0(const WeightMatrix& w, const QuantSpec& spec, const float* w
   const int64_t col_tiles = num_blocks(N, kColsPerTile);
   const Range range = code_range(spec.bits, ZP);
   const size_t n_cand = ratios.size() * (ZP ? 1 : 2);
+  const DType st = scale_type(spec, T);
   std::vector<double> tile_error(size_t(G * col_tiles), 0.0);
   parallel_for(G * col_tiles, [&](int64_t t) {
     const int64_t g = t / col_tiles, c0 = (t % col_tiles) * kColsPerTile;
@@ -244,8 +245,8 @@ void weighted_axis0(const WeightMatrix& w, const QuantSpec& spec, const float* w
     for (size_t ci = 0; ci < n_cand; ++ci) {
       const float r = ratios[ci % ratios.size()];
       for (int64_t c = 0; c < width; ++c) {
-        const BlockParams p = ZP ? block_params_zero_point(r * mn[c], r * mx[c], spec.bits, T)
-                                 : block_params_symmetric(r * amax[c], spec.bits, T);
+        const BlockParams p = ZP ? block_params_zero_point(r * mn[c], r * mx[c], spec.bits, st)
+                                 : block_params_symmetric(r * amax[c], spec.bits, st);
         s[c] = ci >= ratios.size() ? -p.scale : p.scale;
         z[c] = float(p.zero_point);
         err[c] = 0.0;

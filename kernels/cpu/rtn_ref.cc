@@ -164,8 +164,9 @@ void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const f
       double best_err = INFINITY;
       for (size_t ri = 0; ri < ratios.size() * (zp ? 1 : 2); ++ri) {
         const float r = ratios[ri % ratios.size()];
-        BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, spec.bits, w.dtype)
-                           : block_params_symmetric(r * amax, spec.bits, w.dtype);
+        const DType st = scale_type(spec, w.dtype);
+        BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, spec.bits, st)
+                           : block_params_symmetric(r * amax, spec.bits, st);
         // The second half of the candidates negates the scale: the block's extreme value then
         // lands on the otherwise unused code -2^(b-1) (ONNX Runtime's 16-level symmetric grid).
         if (ri >= ratios.size()) p.scale = -p.scale;

@@ -6,9 +6,13 @@
 
 namespace nibble {
 
+// `s` with every control character escaped (\n, \r, \t, \0, \xNN), so that a name taken from a
+// model (a tensor name or location holding a newline or a NUL) cannot break the one-line message.
+std::string one_line(const std::string& s);
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(one_line(what)) {}
 };
 
 // errno text for messages about system calls.

@@ -16,7 +16,9 @@ namespace fs = std::filesystem;
 namespace nibble {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever (the
+  // fstat below then refuses it); it changes nothing for regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot open " + path + ": " + errno_text(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -56,6 +58,8 @@ void MappedFile::release(uint64_t offset, uint64_t length) const {
 
 std::string ExternalDataMap::resolve(const std::string& tensor, const std::string& location) const {
   if (location.empty()) throw Error("tensor '" + tensor + "': external data has no location");
+  if (location.find('\0') != std::string::npos)
+    throw Error("tensor '" + tensor + "': external data location '" + location + "' contains a NUL byte");
   const fs::path loc(location);
   if (loc.is_absolute())
     throw Error("tensor '" + tensor + "': external data location '" + location +
@@ -83,12 +87,19 @@ const uint8_t* ExternalDataMap::view(const std::string& tensor, const std::strin
   const std::string path = resolve(tensor, location);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = files_.find(path);
-  if (it == files_.end()) it = files_.emplace(path, std::make_unique<MappedFile>(path)).first;
+  if (it == files_.end()) {
+    std::unique_ptr<MappedFile> f;
+    try {
+      f = std::make_unique<MappedFile>(path);
+    } catch (const Error& e) {
+      throw Error("tensor '" + tensor + "': external data: " + e.what());
+    }
+    it = files_.emplace(path, std::move(f)).first;
+  }
   const MappedFile& f = *it->second;
   if (offset > f.size() || length > f.size() - offset)
-    throw Error("tensor '" + tensor + "': external data range [" + std::to_string(offset) + ", " +
-                std::to_string(offset + length) + ") is outside " + path + " (" +
-                std::to_string(f.size()) + " bytes)");
+    throw Error("tensor '" + tensor + "': external data at offset " + std::to_string(offset) + ", length " +
+                std::to_string(length) + " is outside " + path + " (" + std::to_string(f.size()) + " bytes)");
   return f.data() + offset;
 }
 

@@ -22,14 +22,34 @@ int64_t checked_numel(const onnx::TensorProto& t) {
   return n;
 }
 
+int onnx_element_bits(int data_type) {
+  switch (data_type) {
+    case 1: case 6: case 12: return 32;            // float, int32, uint32
+    case 2: case 3: case 9: return 8;              // uint8, int8, bool
+    case 4: case 5: case 10: case 16: return 16;   // uint16, int16, float16, bfloat16
+    case 7: case 11: case 13: case 14: return 64;  // int64, double, uint64, complex64
+    case 15: return 128;                           // complex128
+    case 8: return 0;                              // string
+    case 17: case 18: case 19: case 20: case 24: return 8;  // float8 variants
+    case 21: case 22: case 23: return 4;           // uint4, int4, float4e2m1
+    case 25: case 26: return 2;                    // uint2, int2
+    default: return -1;
+  }
+}
+
 uint64_t expected_nbytes(const onnx::TensorProto& t) {
   const int64_t n = checked_numel(t);
-  const DType dt = static_cast<DType>(t.data_type());
-  if (dt == DType::kInt4 || dt == DType::kUInt4) return (uint64_t(n) + 1) / 2;
-  const uint64_t es = dtype_size(dt);
-  if (t.data_type() == 9) return uint64_t(n);  // bool
+  const int bits = onnx_element_bits(t.data_type());
+  if (bits < 0)
+    throw Error("tensor '" + t.name() + "' has data_type " + std::to_string(t.data_type()) +
+                (t.data_type() == 0 ? " (UNDEFINED)" : ", which is not an ONNX tensor type"));
+  if (bits == 0) return 0;
+  if (bits < 8) {
+    const uint64_t per_byte = uint64_t(8 / bits);
+    return (uint64_t(n) + per_byte - 1) / per_byte;
+  }
   uint64_t bytes = 0;
-  if (__builtin_mul_overflow(uint64_t(n), es, &bytes))
+  if (__builtin_mul_overflow(uint64_t(n), uint64_t(bits / 8), &bytes))
     throw Error("tensor '" + t.name() + "': byte size overflows 64 bits");
   return bytes;
 }
@@ -63,7 +83,7 @@ ExternalRef parse_external_ref(const onnx::TensorProto& t) {
     throw Error("tensor '" + t.name() + "': external data without a location");
   const uint64_t want = expected_nbytes(t);
   if (!has_length) ref.length = want;
-  if (want != 0 && ref.length != want)
+  if (onnx_element_bits(t.data_type()) != 0 && ref.length != want)
     throw Error("tensor '" + t.name() + "': external data length " + std::to_string(ref.length) +
                 " does not match its shape and dtype (" + std::to_string(want) + " bytes)");
   return ref;

@@ -1,6 +1,7 @@
 // A weight as the kernels see it: dtype, shape and a pointer into the memory map (or into the
-// protobuf for inline tensors). Only typed fields that need a conversion (fp16/bf16 stored in
-// int32_data) own a buffer.
+// protobuf for inline tensors), always aligned to its element size. Only typed fields that need a
+// conversion (fp16/bf16 stored in int32_data) and external tensors at an offset that is not a
+// multiple of their element size own a buffer.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -31,12 +32,16 @@ struct TensorView {
   bool external = false;
   ExternalRef ref;                                // when external
   std::shared_ptr<std::vector<uint8_t>> owned;    // when converted from a typed field
+  std::shared_ptr<std::vector<uint64_t>> aligned_copy;  // external data at a misaligned offset
 };
 
 // Element count of a tensor's dims, checked: negative dims and overflow throw Error.
 int64_t checked_numel(const onnx::TensorProto& t);
-// Bytes the tensor's elements take (4-bit types packed two per byte), 0 if the dtype has no
-// fixed size (strings). Throws Error on overflow.
+// Bits per element of an ONNX TensorProto.data_type: 0 for strings, -1 for UNDEFINED and numbers
+// no ONNX version defines (up to INT2 = 26).
+int onnx_element_bits(int data_type);
+// Bytes the tensor's elements take (sub-byte types packed), 0 if the dtype has no fixed size
+// (strings). Throws Error on overflow and for an UNDEFINED or unknown data_type.
 uint64_t expected_nbytes(const onnx::TensorProto& t);
 // The external_data entries of a tensor, parsed and checked (offset/length are integers).
 ExternalRef parse_external_ref(const onnx::TensorProto& t);

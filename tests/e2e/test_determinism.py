@@ -1,0 +1,71 @@
+"""Same input and flags -> byte-identical output (graph and data file), across repeated runs and
+across --threads 1/2/4, for the three output formats, fp32 and fp16, with and without zero points.
+
+The models come from tools/make_llama_shaped.py at a size where the weights are big enough for the
+kernels to split them across threads (K up to 1376, N up to 2000), unlike the tiny suite models.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO, folder_digest
+
+TOOL = os.path.join(REPO, "tools", "make_llama_shaped.py")
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory):
+    cache = {}
+
+    def get(dtype: str) -> str:
+        if dtype not in cache:
+            path = str(tmp_path_factory.mktemp(f"shaped_{dtype}") / "model.onnx")
+            subprocess.run([sys.executable, TOOL, "--out", path, "--hidden", "512", "--intermediate", "1376",
+                            "--layers", "2", "--vocab", "2000", "--heads", "8", "--dtype", dtype, "--seed", "3",
+                            "--quiet"], check=True, timeout=300)
+            cache[dtype] = path
+        return cache[dtype]
+
+    return get
+
+
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+@pytest.mark.parametrize("fmt", ["dq", "qdq", "matmulnbits"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_byte_identical_across_runs_and_threads(nibble, shaped, tmp_path, dtype, fmt, zp):
+    src = shaped(dtype)
+    extra = ["--use_zero_point"] if zp else []
+    digests = {}
+    for label, threads in (("t1", "1"), ("t2", "2"), ("t4", "4"), ("t2_again", "2"), ("t0_all_cores", "0")):
+        out = tmp_path / label / "model.onnx"
+        nibble.quantize(src, str(out), "--algo", "rtn_dq", "--format", fmt, "--threads", threads, "--quiet", *extra)
+        digests[label] = folder_digest(str(out.parent))
+        assert sorted(digests[label]) == ["model.onnx", "model.onnx.data"], digests[label]
+    ref = digests["t1"]
+    differ = [k for k, d in digests.items() if d != ref]
+    assert not differ, f"outputs differ from --threads 1: {differ}\n{digests}"
+
+
+def test_report_is_deterministic_apart_from_timings(nibble, shaped, tmp_path):
+    """The JSON report: everything but seconds and peak RSS is the same across thread counts."""
+    import json
+    src = shaped("fp16")
+    reports = []
+    for t in ("1", "4"):
+        rep = tmp_path / f"r{t}.json"
+        nibble.quantize(src, str(tmp_path / t / "model.onnx"), "--algo", "rtn_dq", "--threads", t, "--quiet",
+                        "--report", str(rep))
+        r = json.loads(rep.read_text())
+        for w in r["weights"]:
+            w.pop("seconds", None)
+        for k in ("seconds", "peak_rss_bytes"):
+            r["summary"].pop(k, None)
+        r["options"].pop("threads", None)
+        r["options"].pop("output_path", None)
+        r["options"].pop("report", None)
+        reports.append(r)
+    assert reports[0] == reports[1]

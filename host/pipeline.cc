@@ -220,7 +220,7 @@ int run_quantize(const QuantizeOptions& o) {
       w.data = prepared.data();
     }
     kernels::QuantResult q;
-    if (awq && !modelopt_mode && !std::getenv("NIBBLE_NO_BLOCK_SEARCH")) {
+    if (awq && !modelopt_mode) {
       // nibble mode: each block picks its clip ratio by the activation-weighted error, the
       // weight of input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
       const kernels::ActivationStats st = calib->stats(pw.activation, false);

@@ -498,7 +498,10 @@ def render_table(records: list[dict]) -> str:
         parts = []
         if r.get("calibration") and r["tool"] != "float":
             parts.append(f"calib {r['calibration']}")
-        if r.get("status") not in ("ok", None):
+        if r.get("status") == "not implemented":
+            m = re.search(r"not implemented[^:]*", r.get("note", ""))
+            parts.append(f"**{m.group(0) if m else 'not implemented'}**")
+        elif r.get("status") not in ("ok", None):
             parts.append(f"**{r['status']}**" + (f": {r['note']}" if r.get("note") else ""))
         elif r.get("note"):
             parts.append(r["note"])

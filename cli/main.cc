@@ -9,6 +9,7 @@
 
 #include "host/options.h"
 #include "host/pipeline.h"
+#include "kernels/cpu/blas_core.h"
 #include "loaders/error.h"
 
 namespace {
@@ -98,6 +99,7 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  nibble::kernels::reexec_for_better_blas(argv);  // before anything else is done twice
   auto logger = spdlog::stderr_color_st("nibble");
   logger->set_pattern("[%T] %^%l%$ %v");
   spdlog::set_default_logger(logger);

@@ -17,6 +17,7 @@
 #include "host/rewrite.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/awq_ref.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
@@ -168,7 +169,7 @@ int run_quantize(const QuantizeOptions& o) {
   ModelWriter writer(o.output_path, wopt);
   GraphRewriter rewriter(model->proto(), format, writer);
   // Logged only now: bad input fails above with its one error line and nothing else.
-  spdlog::info("{} ({} threads)", why, kernels::num_threads());
+  spdlog::info("{} ({} threads; OpenBLAS {})", why, kernels::num_threads(), kernels::blas_core_name());
 
   uint64_t total_in = 0;
   for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);

@@ -171,8 +171,9 @@ void expect_fast_equals_ref_fp16(const std::vector<uint16_t>& kn, int64_t K, int
           // An Inf weight's own code is left out: w / s is then NaN, which the reference casts to
           // an integer as the hardware pleases and the fast kernel clamps to the lowest code.
           for (size_t i = 0; i < ref.codes.size(); ++i)
-            if ((h[i] & 0x7c00) != 0x7c00)
+            if ((h[i] & 0x7c00) != 0x7c00) {
               ASSERT_EQ(int(ref.codes[i]), int(fast.codes[i])) << "element " << i << " = 0x" << std::hex << h[i];
+            }
           ASSERT_EQ(ref.zero_points, fast.zero_points);
           ASSERT_EQ(ref.scales.size(), fast.scales.size());
           for (size_t i = 0; i < ref.scales.size(); ++i)  // bit patterns: NaN scales compare too

@@ -1,7 +1,10 @@
 #include "host/plan.h"
 
+#include <cstdint>
+#include <limits>
 #include <regex>
 #include <set>
+#include <string>
 #include <unordered_map>
 
 #include "loaders/error.h"
@@ -17,13 +20,6 @@ int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt
   return dflt;
 }
 
-// "/model/layers.12/attn/qkv_proj/MatMul" -> 12
-int layer_index(const std::string& name) {
-  static const std::regex re(R"((?:layers|layer|blocks|h)[./_](\d+)(?:[./_]|$))");
-  std::smatch m;
-  if (std::regex_search(name, m, re)) return std::stoi(m[1]);
-  return -1;
-}
 
 // "/model/layers.12/attn/qkv_proj/MatMul" -> "attn/qkv_proj"
 std::string role_of(const std::string& name) {
@@ -40,6 +36,40 @@ std::string role_of(const std::string& name) {
 }
 
 }  // namespace
+
+// The first place where one of the words layers/layer/blocks/h is followed by a separator
+// [./_], a run of digits, and a separator or the end of the name (what the regex
+// (?:layers|layer|blocks|h)[./_](\d+)(?:[./_]|$) would find, scanned by hand: a std::regex
+// recurses once per character and overflows the stack on names of hundreds of KB, and std::stoi
+// throws on a digit run that does not fit). Linear in the name's length.
+int layer_index(const std::string& name) {
+  static const char* const kWords[] = {"layers", "layer", "blocks", "h"};
+  auto is_sep = [](char c) { return c == '.' || c == '/' || c == '_'; };
+  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  const size_t n = name.size();
+  for (size_t i = 0; i < n; ++i) {
+    for (const char* word : kWords) {
+      const size_t len = std::char_traits<char>::length(word);
+      if (name.compare(i, len, word) != 0) continue;
+      size_t j = i + len;
+      if (j >= n || !is_sep(name[j])) continue;
+      const size_t d0 = ++j;
+      int64_t value = 0;
+      bool fits = true;
+      while (j < n && is_digit(name[j])) {
+        value = value * 10 + (name[j] - '0');
+        if (value > std::numeric_limits<int>::max()) {
+          fits = false;
+          value = 0;  // keep scanning the run; the result is -1 anyway
+        }
+        ++j;
+      }
+      if (j == d0 || (j < n && !is_sep(name[j]))) continue;  // no digits, or digits then a letter
+      return fits ? int(value) : -1;
+    }
+  }
+  return -1;
+}
 
 Plan make_plan(const OnnxModel& model, const PlanOptions& options) {
   std::vector<std::pair<std::string, std::regex>> excludes;

@@ -53,4 +53,9 @@ struct PlanOptions {
 // Throws Error for a bad regex or a weight nibble cannot take (fp64).
 Plan make_plan(const OnnxModel& model, const PlanOptions& options);
 
+// Layer index in a node name ("/model/layers.12/attn/qkv_proj/MatMul" -> 12): the digits after the
+// first layers/layer/blocks/h + [./_] that end at [./_] or the end of the name; -1 when there is
+// none or the number does not fit in an int. Linear time, any name length.
+int layer_index(const std::string& node_name);
+
 }  // namespace nibble

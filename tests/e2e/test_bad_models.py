@@ -459,6 +459,29 @@ def test_unsorted_acyclic_graph(nibble, io):
     assert rel < 0.2, f"relative rms error {rel:.3f} of the INT4 model: the Relu did not run first?"
 
 
+@pytest.mark.parametrize("case", ["digits_overflow", "megabyte_name"])
+def test_extreme_node_names(nibble, io, case):
+    """Node names that broke the layer-index parser (std::stoi threw on a digit run past INT_MAX; a
+    std::regex overflowed the stack on a name of hundreds of KB): the weight is quantized, the
+    --report gives layer -1 / the parsed number, and the model runs."""
+    import json
+    i, o = io
+    name = {"digits_overflow": "/model/layers.99999999999999999999/mlp/up_proj/MatMul",
+            "megabyte_name": "/model/layers.3/" + "x" * (1 << 20) + "/up_proj/MatMul"}[case]
+    nodes = [helper.make_node("MatMul", ["x", W], ["y"], name=name)]
+    src = write(i, model_of([_w()], nodes=nodes))
+    report = os.path.join(str(i), "..", f"report_{case}.json")
+    out = os.path.join(o, "model.onnx")
+    nibble.quantize(src, out, "--algo", "rtn_dq", "--report", report)
+    weights = json.load(open(report))["weights"]
+    assert [w["layer"] for w in weights] == [-1 if case == "digits_overflow" else 3]
+    import onnxruntime as ort
+    x = np.random.default_rng(5).standard_normal((3, K)).astype(np.float32)
+    (y,) = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    ref = x @ onnx.numpy_helper.to_array(_w())
+    assert np.sqrt(np.mean((y - ref) ** 2) / np.mean(ref ** 2)) < 0.2
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
 def test_misaligned_external_offset(nibble, tmp_path, dtype):
     """ONNX does not require external data to be aligned: a weight at offset 1, 2 or 3 quantizes to the

@@ -1,0 +1,80 @@
+// Branch-free float <-> fp16/bf16 conversions for the CPU kernels' inner loops: the same results
+// as dtype.h's exact scalar ones (round to nearest even, subnormals, overflow to inf, NaN), bit
+// for bit (tests/unit/test_dtype.cc checks it on every half and a large sample of float
+// patterns), but written with selects instead of branches and libm calls, so that the compiler
+// vectorizes a loop of them (SSE2 by default, AVX2/AVX-512 in the dispatched clones of
+// rtn_fast.cc). No intrinsics: portable C++.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace nibble::kernels {
+
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// c ? a : b on bits, as masks: no control flow for the vectorizer to give up on.
+inline uint32_t select_u32(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - uint32_t(c);
+  return (a & m) | (b & ~m);
+}
+
+// half_to_float, branch-free: normals and inf/NaN by rebiasing the exponent; subnormals as
+// (2^-14 * (1 + m/1024)) - 2^-14 = m * 2^-24, exact.
+inline float half_to_float_bits(uint16_t h) {
+  const uint32_t o = uint32_t(h & 0x7fffu) << 13;
+  const uint32_t e = o & 0x0f800000u;
+  uint32_t r = o + 0x38000000u;               // exponent + (127 - 15)
+  r = select_u32(e == 0x0f800000u, r + 0x38000000u, r);  // inf / NaN: exponent 255, payload kept
+  r = select_u32(e == 0, r + 0x00800000u, r);           // subnormal: 2^-14 * (1 + m/1024)
+  // Float arithmetic is done on every lane and only integer bits are selected: under the default
+  // -ftrapping-math the compiler will not if-convert a float operation that sits in one arm.
+  const uint32_t sub = f32_bits(bits_f32(r) - 6.103515625e-05f);
+  r = select_u32(e == 0, sub, r);
+  return bits_f32(r | (uint32_t(h & 0x8000u) << 16));
+}
+
+// float_to_half, branch-free. Subnormal halves: |x| * 2^24 < 2^10, so adding 1.5 * 2^23 rounds it
+// to an integer (nearest even, the default mode) that sits in the low mantissa bits.
+inline uint16_t float_to_half_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  const uint32_t sub = f32_bits(bits_f32(a) * 16777216.0f + 12582912.0f) - 0x4b400000u;
+  uint32_t h = select_u32(a < 0x38800000u, sub, normal);
+  h = select_u32(a >= 0x477ff000u, 0x7c00u, h); // >= 65520 (and inf) rounds to inf
+  h = select_u32(a > 0x7f800000u, 0x7e00u, h);  // NaN: quiet, no payload (as dtype.h)
+  return uint16_t(h | sign);
+}
+
+// half_to_float(float_to_half(f)) without leaving the float domain: the 13 dropped mantissa bits
+// rounded away in place (a carry into the exponent is right), subnormals rounded at 2^-24.
+inline float round_to_half_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t sign = x & 0x80000000u;
+  const uint32_t a = x & 0x7fffffffu;
+  const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+  const uint32_t sub = f32_bits(((bits_f32(a) * 16777216.0f + 12582912.0f) - 12582912.0f) * 5.9604644775390625e-08f);
+  uint32_t r = select_u32(a < 0x38800000u, sub, normal);
+  r = select_u32(a >= 0x477ff000u, 0x7f800000u, r);
+  r = select_u32(a > 0x7f800000u, 0x7fc00000u, r);
+  return bits_f32(r | sign);
+}
+
+// bf16_to_float(float_to_bf16(f)), branch-free.
+inline float round_to_bf16_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t nan = (x & 0xffff0000u) | 0x00400000u;
+  return bits_f32(select_u32((x & 0x7fffffffu) > 0x7f800000u, nan, rounded));
+}
+
+}  // namespace nibble::kernels

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--use_fp32", action="store_true")
     c.add_argument("--mask_padding", type=int, choices=[0, 1], default=0)
     c.add_argument("--budget_mb", type=float, default=2048)
+    c.add_argument("--sample_tokens", type=int, default=0,
+                   help="also keep the token rows 0, step, 2*step, ... (step = max(1, T // N), T = all rows of "
+                        "all batches, padding included): ModelOpt's awq_clip sample (max_tokens = N); 0 = off")
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)
@@ -339,6 +342,38 @@ class Accumulator:
         return out
 
 
+class TokenSampler:
+    """ModelOpt's awq_clip token sample (int4.py _clip_search): X = every batch's activation reshaped
+    [-1, K] and concatenated (all rows, padding included), then X[0::max(1, T // max_tokens)].  T is
+    known from the first batch (every batch has the same rows: npz samples share a shape, texts are
+    padded to --seq_len).  Keeps only the sampled rows (64..127 of them), as float32."""
+
+    def __init__(self, max_tokens: int, n_batches: int):
+        self.max_tokens, self.n_batches = max_tokens, n_batches
+        self.per_batch = None
+        self.step = 0
+        self.offset = 0
+        self.dtype = "float32"
+        self.parts: list[np.ndarray] = []
+
+    def update(self, X: np.ndarray, name: str) -> None:
+        R = X.shape[0]
+        if self.per_batch is None:
+            self.per_batch = R
+            self.step = max(1, (R * self.n_batches) // self.max_tokens)
+            self.dtype = str(X.dtype)
+        elif R != self.per_batch:
+            raise CalibError(f"activation '{name}': batches of {self.per_batch} and {R} rows; the token sample "
+                             f"(awq_clip) needs batches of one shape")
+        first = (-self.offset) % self.step
+        if first < R:
+            self.parts.append(np.array(X[first::self.step], dtype=np.float32))
+        self.offset += R
+
+    def rows(self, K: int) -> np.ndarray:
+        return np.concatenate(self.parts, axis=0) if self.parts else np.zeros((0, K), np.float32)
+
+
 def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float) -> list[list[int]]:
     groups: list[list[int]] = []
     cur, size = [], 0
@@ -471,6 +506,7 @@ def capture(a) -> int:
             sess = make_session(augmented_model_bytes(model, fetch), model_dir, providers, model_path)
             provider_used = provider_used or sess.get_providers()[0]
         accs = {i: Accumulator(acts[i][0], acts[i][1]) for i in group}
+        samplers = {i: TokenSampler(a.sample_tokens, batches.n_batches) for i in group} if a.sample_tokens > 0 else {}
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()
@@ -510,6 +546,8 @@ def capture(a) -> int:
                     counted = flat_mask
                 with np.errstate(all="ignore"):
                     accs[i].update(X, counted)
+                if samplers:
+                    samplers[i].update(X, name)
                 del x, X
             t3 = time.time()
             log(f"pass {gi + 1}/{len(groups)} batch {bi + 1}/{batches.n_batches}: run {t2 - t1:.2f} s, "
@@ -529,6 +567,16 @@ def capture(a) -> int:
             except OSError as e:
                 raise CalibError(f"--out {a.out}: cannot write ({e.strerror or e})") from None
             entries[i] = {"name": acc.name, "K": acc.K, "rows": acc.rows, "rows_all": acc.rows_all, **files}
+            if samplers:
+                smp = samplers.pop(i)
+                rows = smp.rows(acc.K)
+                f = f"a{i}.token_sample.f32"
+                try:
+                    _write(os.path.join(out_dir, f), rows, "<f4")
+                except OSError as e:
+                    raise CalibError(f"--out {a.out}: cannot write ({e.strerror or e})") from None
+                entries[i].update({"token_sample": f, "token_sample_rows": int(rows.shape[0]),
+                                   "token_sample_step": smp.step, "token_sample_dtype": smp.dtype})
             del acc
 
     index = {"version": INDEX_VERSION, "samples": batches.samples, "seq_len": batches.seq_len,

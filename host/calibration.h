@@ -21,8 +21,10 @@ class Calibration {
   };
   // Captures statistics for `activations` of `model_path` into a temporary folder (or
   // options.calib_cache, kept and reused when it already holds them). Throws Error.
+  // sample_tokens > 0: also keep ModelOpt's awq_clip token sample of each activation (host/awq_clip.h).
   static std::unique_ptr<Calibration> run(const QuantizeOptions& options, const std::string& model_path,
-                                          const std::vector<Request>& activations, bool mask_padding);
+                                          const std::vector<Request>& activations, bool mask_padding,
+                                          int64_t sample_tokens = 0);
   ~Calibration();
 
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--use_fp32", action="store_true")
     c.add_argument("--mask_padding", type=int, choices=[0, 1], default=0)
     c.add_argument("--budget_mb", type=float, default=2048)
+    c.add_argument("--gram_block", type=int, default=0,
+                   help="keep only the block-diagonal of X^T X: [ceil(K/B), B, B] float64 (the last block "
+                        "zero-padded), B = this; 0 = the whole K x K matrix")
     c.add_argument("--sample_tokens", type=int, default=0,
                    help="also keep the token rows 0, step, 2*step, ... (step = max(1, T // N), T = all rows of "
                         "all batches, padding included): ModelOpt's awq_clip sample (max_tokens = N); 0 = off")
@@ -295,8 +298,12 @@ class Accumulator:
     column is kept and reduced by numpy at the end.
     sum_abs, gram: float64 over the counted rows."""
 
-    def __init__(self, name: str, K: int, with_gram: bool = True):
+    def __init__(self, name: str, K: int, with_gram: bool = True, gram_block: int = 0):
         self.name, self.K = name, K
+        self.gram_block = gram_block
+        if gram_block > 0:
+            with_gram = False
+            self.gblocks = np.zeros((-(-K // gram_block), gram_block, gram_block), np.float64)
         self.acc32 = np.zeros(K, np.float32)
         self.rows_all = 0
         self.col1: list[np.ndarray] = []
@@ -329,6 +336,13 @@ class Accumulator:
                 # float64), summed over batches in float64: the loss search needs ~1e-6, not 1e-15.
                 X32 = np.ascontiguousarray(Xc, dtype=np.float32)
                 self.gram += (X32.T @ X32).astype(np.float64)
+            elif self.gram_block > 0:
+                X32 = np.ascontiguousarray(Xc, dtype=np.float32)
+                B = self.gram_block
+                for g in range(self.gblocks.shape[0]):
+                    xb = X32[:, g * B:(g + 1) * B]
+                    kb = xb.shape[1]
+                    self.gblocks[g, :kb, :kb] += (xb.T @ xb).astype(np.float64)
             if not np.isfinite(self.sum_abs).all():
                 self.nonfinite += 1
         self.rows += Xd.shape[0]
@@ -374,11 +388,11 @@ class TokenSampler:
         return np.concatenate(self.parts, axis=0) if self.parts else np.zeros((0, K), np.float32)
 
 
-def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float) -> list[list[int]]:
+def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float, gram_block: int = 0) -> list[list[int]]:
     groups: list[list[int]] = []
     cur, size = [], 0
     for i, (name, K) in enumerate(acts):
-        b = K * K * 8
+        b = (-(-K // gram_block) * gram_block * gram_block if gram_block > 0 else K * K) * 8
         if cur and size + b > budget_bytes:
             groups.append(cur)
             cur, size = [], 0
@@ -489,7 +503,9 @@ def capture(a) -> int:
     if not os.access(out_dir, os.W_OK):
         raise CalibError(f"--out {a.out}: folder not writable")
 
-    groups = group_by_budget(acts, a.budget_mb * 2**20)
+    if a.gram_block < 0:
+        raise CalibError("--gram_block must be >= 0")
+    groups = group_by_budget(acts, a.budget_mb * 2**20, a.gram_block)
     graph_inputs = {vi.name for vi in model.graph.input}
     log(f"{len(acts)} activations, {batches.samples} samples in {batches.n_batches} batches of "
         f"{batches.batch_size} from {batches.source}, {len(groups)} pass(es), providers "
@@ -505,7 +521,7 @@ def capture(a) -> int:
         if fetch:
             sess = make_session(augmented_model_bytes(model, fetch), model_dir, providers, model_path)
             provider_used = provider_used or sess.get_providers()[0]
-        accs = {i: Accumulator(acts[i][0], acts[i][1]) for i in group}
+        accs = {i: Accumulator(acts[i][0], acts[i][1], gram_block=a.gram_block) for i in group}
         samplers = {i: TokenSampler(a.sample_tokens, batches.n_batches) for i in group} if a.sample_tokens > 0 else {}
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
@@ -563,10 +579,16 @@ def capture(a) -> int:
             try:
                 _write(os.path.join(out_dir, files["mean_abs_np"]), acc.mean_abs_np(), "<f4")
                 _write(os.path.join(out_dir, files["sum_abs"]), acc.sum_abs, "<f8")
-                _write(os.path.join(out_dir, files["gram"]), SYRK.full(acc.gram), "<f8")
+                if a.gram_block > 0:
+                    files["gram"] = f"a{i}.gram_blocks.f64"
+                    _write(os.path.join(out_dir, files["gram"]), acc.gblocks, "<f8")
+                else:
+                    _write(os.path.join(out_dir, files["gram"]), SYRK.full(acc.gram), "<f8")
             except OSError as e:
                 raise CalibError(f"--out {a.out}: cannot write ({e.strerror or e})") from None
             entries[i] = {"name": acc.name, "K": acc.K, "rows": acc.rows, "rows_all": acc.rows_all, **files}
+            if a.gram_block > 0:
+                entries[i]["gram_block"] = a.gram_block
             if samplers:
                 smp = samplers.pop(i)
                 rows = smp.rows(acc.K)

@@ -36,10 +36,24 @@ void awq_full_modelopt_scales(OnnxModel& model, const Plan& plan, Calibration& c
   }
 }
 
+Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan) {
+  Calibration::Extras e;
+  if (o.algo != "awq_clip" && o.algo != "awq_full") return e;
+  if (o.awq_mode == "modelopt") {
+    e.sample_tokens = kClipMaxTokens;
+    return e;
+  }
+  // awq_full's scale search needs the whole Gram matrix; so does a per-channel block (B = K).
+  if (o.algo != "awq_clip" || o.block_size <= 0) return e;
+  for (const auto& pw : plan.weights)
+    if (pw.resolved_block() != o.block_size) return e;
+  e.gram_block = o.block_size;
+  return e;
+}
+
 ClipSearch::ClipSearch(const QuantizeOptions& o, Calibration& calib, bool modelopt)
     : o_(o), calib_(calib), modelopt_(modelopt) {
-  if (!modelopt_) return;
-  if (o.use_zero_point && o.algo == "awq_clip")
+  if (modelopt_ && o.use_zero_point && o.algo == "awq_clip")
     spdlog::warn("--use_zero_point: ModelOpt's awq_clip ignores it (modelopt mode writes symmetric INT4)");
   namespace fs = std::filesystem;
   const fs::path idx = fs::path(calib.folder()) / "index.json";
@@ -51,6 +65,11 @@ ClipSearch::ClipSearch(const QuantizeOptions& o, Calibration& calib, bool modelo
     throw Error("cannot read " + idx.string() + ": " + e.what());
   }
   for (const auto& a : index.at("activations")) {
+    Gram gr;
+    gr.K = a.at("K").get<int64_t>();
+    gr.block = a.value("gram_block", int64_t(0));
+    gr.file = (fs::path(calib.folder()) / a.at("gram").get<std::string>()).string();
+    grams_[a.at("name").get<std::string>()] = gr;
     if (!a.contains("token_sample")) continue;
     Sample s;
     s.rows = a.at("token_sample_rows").get<int64_t>();
@@ -70,12 +89,17 @@ const float* ClipSearch::sample_rows(const std::string& activation, int64_t K, i
   if (s.K != K) throw Error("token sample of '" + activation + "' has K " + std::to_string(s.K));
   *rows = s.rows;
   if (s.rows == 0) return nullptr;
-  auto m = maps_.find(s.file);
-  if (m == maps_.end()) m = maps_.emplace(s.file, std::make_unique<MappedFile>(s.file)).first;
-  if (m->second->size() != uint64_t(s.rows * s.K) * 4)
-    throw Error("calibration file " + s.file + " has " + std::to_string(m->second->size()) + " bytes, expected " +
+  const MappedFile& m = map(s.file);
+  if (m.size() != uint64_t(s.rows * s.K) * 4)
+    throw Error("calibration file " + s.file + " has " + std::to_string(m.size()) + " bytes, expected " +
                 std::to_string(s.rows * s.K * 4));
-  return reinterpret_cast<const float*>(m->second->data());
+  return reinterpret_cast<const float*>(m.data());
+}
+
+const MappedFile& ClipSearch::map(const std::string& file) {
+  auto m = maps_.find(file);
+  if (m == maps_.end()) m = maps_.emplace(file, std::make_unique<MappedFile>(file)).first;
+  return *m->second;
 }
 
 void ClipSearch::search_modelopt(OnnxModel& model, const Plan& plan, const std::map<std::string, AwqChoice>* per_node) {
@@ -94,7 +118,7 @@ void ClipSearch::search_modelopt(OnnxModel& model, const Plan& plan, const std::
     spec.block = pw.resolved_block();
     int64_t T = 0;
     const float* x = sample_rows(pw.activation, pw.K(), &T);
-    ratios_[pw.weight] = kernels::clip_search_modelopt(w, spec, x, T, ratios);
+    ratios_[pw.weight] = kernels::clip_search_modelopt(w, spec, x, T, ratios, o_.awqclip_bsz_col);
     model.release(v);
     const auto& r = ratios_[pw.weight];
     const auto clipped = std::count_if(r.begin(), r.end(), [](float a) { return a != 1.0f; });
@@ -118,8 +142,21 @@ void ClipSearch::quantize(const PlannedWeight& pw, const kernels::WeightMatrix& 
     kernels::rtn_quantize_ratios(w, spec, ratios_.at(pw.weight).data(), q);
     return;
   }
-  const kernels::ActivationStats st = calib_.stats(pw.activation, false);
-  if (st.K != pw.K()) throw Error("calibration of '" + pw.activation + "' has K " + std::to_string(st.K));
+  // The Gram matrix (or its block-diagonal) is read here from its own map, and its pages dropped
+  // after each weight: the calibration state resident at a time is one activation's.
+  auto gi = grams_.find(pw.activation);
+  if (gi == grams_.end()) throw Error("calibration did not measure activation '" + pw.activation + "'");
+  const Gram& gr = gi->second;
+  if (gr.K != pw.K()) throw Error("calibration of '" + pw.activation + "' has K " + std::to_string(gr.K));
+  if (gr.block && gr.block != spec.block)
+    throw Error("calibration of '" + pw.activation + "' kept Gram blocks of " + std::to_string(gr.block) +
+                ", the weight's block is " + std::to_string(spec.block));
+  const MappedFile& gm = map(gr.file);
+  const uint64_t want = gr.block ? uint64_t(kernels::num_blocks(gr.K, gr.block) * gr.block * gr.block) * 8
+                                 : uint64_t(gr.K * gr.K) * 8;
+  if (gm.size() != want)
+    throw Error("calibration file " + gr.file + " has " + std::to_string(gm.size()) + " bytes, expected " +
+                std::to_string(want));
   std::vector<float> inv;
   if (awq_scale) {
     inv.resize(awq_scale->size());
@@ -129,7 +166,9 @@ void ClipSearch::quantize(const PlannedWeight& pw, const kernels::WeightMatrix& 
   const auto grid = kernels::modelopt_clip_ratios(o_.awqclip_alpha_step, o_.awqclip_alpha_min);
   for (auto it = grid.rbegin(); it != grid.rend(); ++it) opt.ratios.push_back(float(*it));  // 1.0 first
   opt.both_signs = true;
-  kernels::clip_quantize_gram(w, spec, st.gram, awq_scale ? inv.data() : nullptr, opt, q);
+  kernels::clip_quantize_gram(w, spec, reinterpret_cast<const double*>(gm.data()), gr.block,
+                              awq_scale ? inv.data() : nullptr, opt, q);
+  gm.release(0, gm.size());
 }
 
 }  // namespace nibble

@@ -28,6 +28,10 @@ namespace nibble {
 // ModelOpt's max_tokens (int4.py _clip_search): the token sample modelopt mode asks calibration for.
 constexpr int64_t kClipMaxTokens = 64;
 
+// What calibration must keep for the clip search: modelopt mode ModelOpt's token sample; nibble-mode
+// awq_clip only the block-diagonal of XᵀX (what its loss reads: ~K·B instead of K² per activation).
+Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan);
+
 // awq_full in modelopt mode: each node's own scale s* (per_node) and the final scales (siblings'
 // mean with fuse on, as awq_lite_search gives them).
 void awq_full_modelopt_scales(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
@@ -54,12 +58,18 @@ class ClipSearch {
     int64_t rows = 0, K = 0;
     std::string file;
   };
+  struct Gram {
+    int64_t K = 0, block = 0;  // block 0: the whole K x K matrix
+    std::string file;
+  };
   const float* sample_rows(const std::string& activation, int64_t K, int64_t* rows);
+  const MappedFile& map(const std::string& file);
 
   const QuantizeOptions& o_;
   Calibration& calib_;
   bool modelopt_;
   std::map<std::string, Sample> samples_;
+  std::map<std::string, Gram> grams_;
   std::map<std::string, std::unique_ptr<MappedFile>> maps_;
   std::map<std::string, std::vector<float>> ratios_;
 };

@@ -73,6 +73,7 @@ void validate_options(const QuantizeOptions& o) {
     throw Error("--algo " + o.algo + " is unknown (choose awq_lite, awq_clip, awq_full, rtn or rtn_dq)");
   if (!(o.awqclip_alpha_step > 0 && o.awqclip_alpha_step <= 1)) throw Error("--awqclip_alpha_step must be in (0, 1]");
   if (!(o.awqclip_alpha_min > 0 && o.awqclip_alpha_min <= 1)) throw Error("--awqclip_alpha_min must be in (0, 1]");
+  if (o.awqclip_bsz_col < 1) throw Error("--awqclip_bsz_col must be at least 1");
   if (o.awq_mode != "nibble" && o.awq_mode != "modelopt")
     throw Error("--awq_mode " + o.awq_mode + " is unknown (choose nibble or modelopt)");
   if (o.awqlite_alpha_step <= 0 || o.awqlite_alpha_step > 1)
@@ -156,8 +157,7 @@ int run_quantize(const QuantizeOptions& o) {
     std::vector<Calibration::Request> acts;
     for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
     const auto tc = clock::now();
-    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode,
-                             clip && modelopt_mode ? kClipMaxTokens : 0);
+    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode, clip_calibration(o, plan));
     spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", calib->tokens(), acts.size(),
                  std::chrono::duration<double>(clock::now() - tc).count());
     const auto ts = clock::now();

@@ -15,38 +15,6 @@ namespace {
 
 constexpr int L = 16;  // output columns processed side by side (one SIMD lane each)
 
-// numpy's float32 add.reduce of n values, for L independent lanes at once: a[i * L + l] is value i
-// of lane l. Same order as numpy's pairwise sum (awq_ref.cc's pairwise), lane by lane.
-void pairwise_lanes(const float* a, int64_t n, float* out) {
-  if (n < 8) {
-    float r[L] = {};
-    for (int64_t i = 0; i < n; ++i)
-      for (int l = 0; l < L; ++l) r[l] += a[i * L + l];
-    for (int l = 0; l < L; ++l) out[l] = r[l];
-    return;
-  }
-  if (n <= 128) {
-    float r[8][L];
-    for (int j = 0; j < 8; ++j)
-      for (int l = 0; l < L; ++l) r[j][l] = a[j * L + l];
-    int64_t i = 8;
-    for (; i < n - (n % 8); i += 8)
-      for (int j = 0; j < 8; ++j)
-        for (int l = 0; l < L; ++l) r[j][l] += a[(i + j) * L + l];
-    for (int l = 0; l < L; ++l)
-      out[l] = ((r[0][l] + r[1][l]) + (r[2][l] + r[3][l])) + ((r[4][l] + r[5][l]) + (r[6][l] + r[7][l]));
-    for (; i < n; ++i)
-      for (int l = 0; l < L; ++l) out[l] += a[i * L + l];
-    return;
-  }
-  int64_t n2 = n / 2;
-  n2 -= n2 % 8;
-  float lo[L], hi[L];
-  pairwise_lanes(a, n2, lo);
-  pairwise_lanes(a + n2 * L, n - n2, hi);
-  for (int l = 0; l < L; ++l) out[l] = lo[l] + hi[l];
-}
-
 inline size_t elem_index(const WeightMatrix& w, int64_t k, int64_t n) {
   return size_t(w.k_axis == 0 ? k * w.N() + n : n * w.K() + k);
 }
@@ -76,20 +44,26 @@ std::vector<double> modelopt_clip_ratios(double step, double alpha_min) {
 }
 
 std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
-                                        const std::vector<double>& ratios) {
+                                        const std::vector<double>& ratios, int64_t bsz_col) {
   check(spec);
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   const DType dt = w.dtype;
   const int64_t R = int64_t(ratios.size());
+  if (bsz_col <= 0) bsz_col = N;
   std::vector<float> rr(ratios.size());
   for (size_t r = 0; r < ratios.size(); ++r) rr[r] = round_to(dt, float(ratios[r]));
   std::vector<float> out(size_t(N * G), 1.0f);
   if (T <= 0) return out;
+  // numpy's reduction order follows the memory layout of ModelOpt's arrays: x * w[chunk] has the
+  // output channel innermost (w is a transposed view), so the block sum runs element after element
+  // and the token mean token after token. A chunk of ONE column has no such axis: then the block
+  // sum is numpy's pairwise sum, and so is the token mean when G == 1.
+  auto width1 = [&](int64_t n) { return std::min(N, (n / bsz_col + 1) * bsz_col) - (n / bsz_col) * bsz_col == 1; };
   const int64_t chunks = num_blocks(N, L);
   parallel_for(G * chunks, [&](int64_t task) {
     const int64_t g = task / chunks, n0 = (task % chunks) * L;
     const int64_t k0 = g * bs, kn = std::min(K, k0 + bs) - k0, lanes = std::min<int64_t>(L, N - n0);
-    std::vector<float> wb(size_t(bs * L), 0.0f), wq(size_t(R * bs * L), 0.0f), prod(size_t(bs * L));
+    std::vector<float> wb(size_t(bs * L), 0.0f), wq(size_t(R * bs * L), 0.0f);
     std::vector<float> xv(size_t(bs), 0.0f);
     float amax[L] = {};
     for (int64_t i = 0; i < kn; ++i)
@@ -106,34 +80,41 @@ std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& 
           wq[size_t((r * bs + i) * L + l)] = round_to(dt, dequantize_value(c, p, spec.bits, false));
         }
       }
-    // mean over the tokens: numpy adds token after token when G > 1 (the reduced axis is not the
-    // innermost), pairwise when G == 1 (it is).
     std::vector<float> loss(size_t(R * L), 0.0f);
-    std::vector<float> sq(G == 1 ? size_t(R * T * L) : 0);
     float ref[L], cur[L];
     for (int64_t t = 0; t < T; ++t) {
       const float* xr = x + t * K + k0;
       for (int64_t i = 0; i < kn; ++i) xv[size_t(i)] = xr[i];
+      for (int l = 0; l < L; ++l) ref[l] = 0.0f;
       for (int64_t i = 0; i < bs; ++i)
-        for (int l = 0; l < L; ++l) prod[size_t(i * L + l)] = xv[size_t(i)] * wb[size_t(i * L + l)];
-      pairwise_lanes(prod.data(), bs, ref);
+        for (int l = 0; l < L; ++l) ref[l] += xv[size_t(i)] * wb[size_t(i * L + l)];
       for (int64_t r = 0; r < R; ++r) {
         const float* q = wq.data() + r * bs * L;
+        for (int l = 0; l < L; ++l) cur[l] = 0.0f;
         for (int64_t i = 0; i < bs; ++i)
-          for (int l = 0; l < L; ++l) prod[size_t(i * L + l)] = xv[size_t(i)] * q[i * L + l];
-        pairwise_lanes(prod.data(), bs, cur);
+          for (int l = 0; l < L; ++l) cur[l] += xv[size_t(i)] * q[i * L + l];
         float* lr = loss.data() + r * L;
-        if (G == 1) {
-          float* s = sq.data() + (r * T + t) * L;
-          for (int l = 0; l < L; ++l) s[l] = (ref[l] - cur[l]) * (ref[l] - cur[l]);
-        } else {
-          for (int l = 0; l < L; ++l) lr[l] += (ref[l] - cur[l]) * (ref[l] - cur[l]);
-        }
+        for (int l = 0; l < L; ++l) lr[l] += (ref[l] - cur[l]) * (ref[l] - cur[l]);
       }
     }
-    if (G == 1)
-      for (int64_t r = 0; r < R; ++r) pairwise_lanes(sq.data() + r * T * L, T, loss.data() + r * L);
     for (int64_t l = 0; l < lanes; ++l) {
+      if (width1(n0 + l)) {  // numpy's pairwise orders (see above)
+        std::vector<float> prod(static_cast<size_t>(bs)), sq(static_cast<size_t>(T));
+        for (int64_t r = 0; r < R; ++r) {
+          float acc = 0.0f;
+          for (int64_t t = 0; t < T; ++t) {
+            const float* xr = x + t * K + k0;
+            for (int64_t i = 0; i < bs; ++i) prod[size_t(i)] = (i < kn ? xr[i] : 0.0f) * wb[size_t(i * L + l)];
+            const float rf = numpy_sum_f32(prod.data(), bs);
+            for (int64_t i = 0; i < bs; ++i)
+              prod[size_t(i)] = (i < kn ? xr[i] : 0.0f) * wq[size_t((r * bs + i) * L + l)];
+            const float c = numpy_sum_f32(prod.data(), bs);
+            sq[size_t(t)] = (rf - c) * (rf - c);
+            acc += sq[size_t(t)];
+          }
+          loss[size_t(r * L + l)] = G == 1 ? numpy_sum_f32(sq.data(), T) : acc;
+        }
+      }
       float best_loss = INFINITY, best = 1.0f;
       for (int64_t r = 0; r < R; ++r) {
         // np.mean: the float32 sum divided by the intp count (in float64), stored as float32.
@@ -182,9 +163,10 @@ void rtn_quantize_ratios(const WeightMatrix& w, const QuantSpec& spec, const flo
   for (double e : err) out.sq_error += e;
 }
 
-void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, const float* inv_s,
-                        const GramClipOptions& opt, QuantResult& out, std::vector<float>* chosen) {
+void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+                        const float* inv_s, const GramClipOptions& opt, QuantResult& out, std::vector<float>* chosen) {
   check(spec);
+  if (gram_block != 0 && gram_block != spec.block) throw std::invalid_argument("gram_block must be 0 or the block");
   use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   const DType dt = w.dtype, st = scale_type(spec, w.dtype);
@@ -207,7 +189,7 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
     std::vector<float> gb(size_t(kn * kn));
     for (int64_t i = 0; i < kn; ++i)
       for (int64_t j = 0; j < kn; ++j) {
-        double v = gram[(k0 + i) * K + (k0 + j)];
+        double v = gram_block ? gram[(g * bs + i) * bs + j] : gram[(k0 + i) * K + (k0 + j)];
         if (inv_s) v *= double(inv_s[k0 + i]) * double(inv_s[k0 + j]);
         gb[size_t(i * kn + j)] = float(v);
       }
@@ -233,13 +215,31 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
         if (ci >= R) p.scale = -p.scale;
         cand[size_t(c)] = p;
       }
-      for (int64_t i = 0; i < kn; ++i)
-        for (int64_t c = 0; c < nc; ++c) {
-          const float v = wb[size_t(i * nc + c)];
-          const BlockParams& p = cand[size_t(c)];
-          d[size_t(i * nc + c)] =
-              v - round_to(dt, dequantize_value(quantize_value(v, p, spec.bits, zp, dt), p, spec.bits, zp));
+      if (dt == DType::kFloat32 && !zp) {
+        // the same arithmetic as quantize_value / dequantize_value for fp32, vectorizable: codes
+        // |v / s| < 2^22, so (q + 1.5·2^23) - 1.5·2^23 is rint (half to even)
+        const float lo = -float(1 << (spec.bits - 1)), hi = float((1 << (spec.bits - 1)) - 1);
+        std::vector<float> sc(static_cast<size_t>(nc));
+        for (int64_t c = 0; c < nc; ++c) sc[size_t(c)] = cand[size_t(c)].scale;
+        for (int64_t i = 0; i < kn; ++i) {
+          const float* wr = wb.data() + i * nc;
+          float* dr = d.data() + i * nc;
+          for (int64_t c = 0; c < nc; ++c) {
+            const float q = wr[c] / sc[size_t(c)];
+            float r = (q + 12582912.0f) - 12582912.0f;
+            r = std::min(std::max(r, lo), hi);
+            dr[c] = wr[c] - r * sc[size_t(c)];
+          }
         }
+      } else {
+        for (int64_t i = 0; i < kn; ++i)
+          for (int64_t c = 0; c < nc; ++c) {
+            const float v = wb[size_t(i * nc + c)];
+            const BlockParams& p = cand[size_t(c)];
+            d[size_t(i * nc + c)] =
+                v - round_to(dt, dequantize_value(quantize_value(v, p, spec.bits, zp, dt), p, spec.bits, zp));
+          }
+      }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(kn), int(nc), int(kn), 1.0f, gb.data(), int(kn),
                   d.data(), int(nc), 0.0f, e.data(), int(nc));
       std::vector<double> loss(size_t(nc), 0.0);

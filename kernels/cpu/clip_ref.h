@@ -22,9 +22,10 @@ std::vector<double> modelopt_clip_ratios(double step, double alpha_min);
 
 // ModelOpt's _clip_search of weight `w` (stored layout, values in w.dtype) on the token rows `x`
 // ([T, K] float32, row-major). Returns the chosen ratio of every block, [N * G] (index n * G + g),
-// as the float ModelOpt's best_alpha array holds (the ratio rounded to w.dtype).
+// as the float ModelOpt's best_alpha array holds (the ratio rounded to w.dtype). bsz_col: ModelOpt's
+// column chunk (--awqclip_bsz_col), which decides numpy's summation order for a chunk of one column.
 std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
-                                        const std::vector<double>& ratios);
+                                        const std::vector<double>& ratios, int64_t bsz_col = 1024);
 
 // Symmetric RTN with a clip ratio per block (ratio_ng [N * G], index n * G + g): ModelOpt's
 // quant_tensor(W, block, alpha = best_alpha): s = max((amax * r) / qmax, 1e-5) in w.dtype.
@@ -41,7 +42,10 @@ struct GramClipOptions {
 // best only when strictly smaller. Codes, scales and zero points as rtn_quantize_ref lays them out;
 // scales rounded to scale_type(spec, w.dtype). Result independent of the thread count.
 // chosen (optional): the ratio picked per block, [N * G], negative when the scale was negated.
-void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, const float* inv_s,
-                        const GramClipOptions& opt, QuantResult& out, std::vector<float>* chosen = nullptr);
+// gram_block = 0: gram is the whole K x K matrix; = spec.block: only its block-diagonal, [G, B, B]
+// (block g at gram + g * B * B, the last block zero-padded), as calib/capture.py --gram_block writes it.
+void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+                        const float* inv_s, const GramClipOptions& opt, QuantResult& out,
+                        std::vector<float>* chosen = nullptr);
 
 }  // namespace nibble::kernels

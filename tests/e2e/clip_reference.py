@@ -61,7 +61,7 @@ def sample_rows(x: np.ndarray, K: int, max_tokens: int = MAX_TOKENS) -> np.ndarr
     return x[0::max(1, x.shape[0] // max_tokens)]
 
 
-def clip_search(x: np.ndarray, w: np.ndarray, bs: int, ratios: list[float]) -> tuple[np.ndarray, dict]:
+def clip_search(x: np.ndarray, w: np.ndarray, bs: int, ratios: list[float], bsz_col: int = 1024) -> tuple[np.ndarray, dict]:
     """best ratio per block, float32 [N * G] (n-major), and the losses {r: [N, G]}."""
     K, N = w.shape
     xs = sample_rows(x, K)
@@ -69,13 +69,17 @@ def clip_search(x: np.ndarray, w: np.ndarray, bs: int, ratios: list[float]) -> t
     G = wp.shape[0] // bs
     w4 = wp.T.reshape(N, 1, G, bs)
     x4 = xp.reshape(1, xp.shape[0], G, bs)
-    ref = np.sum(x4 * w4, axis=-1)                            # [N, T, G]
-    losses = {}
-    for r in ratios:
-        q, s = quant_sym(wp, bs, r)
-        dq = (q * s.repeat(bs, axis=0)).T.reshape(N, 1, G, bs)
-        cur = np.sum(x4 * dq, axis=-1)
-        losses[r] = np.mean(np.power(ref - cur, 2), axis=1)    # [N, G]
+    # ModelOpt's arrays as ModelOpt lays them out (w4 and dq are transposed views: numpy's
+    # reductions then run element after element), in its chunks of 1024 output columns
+    losses = {r: np.zeros((N, G), np.float32) for r in ratios}
+    for c0 in range(0, N, bsz_col):
+        c1 = min(N, c0 + bsz_col)
+        ref = np.sum(x4 * w4[c0:c1], axis=-1)                   # [n, T, G]
+        for r in ratios:
+            q, s = quant_sym(wp, bs, r)
+            dq = (q * s.repeat(bs, axis=0)).T.reshape(N, 1, G, bs)[c0:c1]
+            cur = np.sum(x4 * dq, axis=-1)
+            losses[r][c0:c1] += np.mean(np.power(ref - cur, 2), axis=1)    # [n, G]
     best_loss = np.full(N * G, np.inf, np.float32)
     best = np.ones(N * G, np.float32)
     for r, l in losses.items():

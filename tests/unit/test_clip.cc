@@ -50,7 +50,7 @@ TEST(Clip, IdentityGramEqualsUnitWeightedSearch) {
       WeightMatrix m{DType::kFloat32, w.data(), k_axis == 0 ? K : N, k_axis == 0 ? N : K, k_axis};
       QuantSpec spec{4, 32, zp};
       QuantResult a, b;
-      clip_quantize_gram(m, spec, eye.data(), nullptr, opt, a);
+      clip_quantize_gram(m, spec, eye.data(), 0, nullptr, opt, a);
       rtn_quantize_weighted(m, spec, ones.data(), opt.ratios, b);
       EXPECT_EQ(a.codes, b.codes) << k_axis << zp;
       EXPECT_EQ(a.scales, b.scales) << k_axis << zp;
@@ -85,5 +85,39 @@ TEST(Clip, RatiosOfOneAreRtnAndThreadsDoNotMatter) {
   EXPECT_EQ(r1, r3);
   int clipped = 0;
   for (float r : r1) clipped += r != 1.0f;
+  EXPECT_GT(clipped, 0);
+}
+
+TEST(Clip, BlockDiagonalGramEqualsFullGram) {
+  // calib/capture.py --gram_block B keeps only [G, B, B]: the search reads nothing else.
+  const int64_t K = 100, N = 20, B = 32, G = 4;
+  const auto w = random_weight(K * N, 3);
+  std::mt19937 rng(9);
+  std::normal_distribution<double> d(0.0, 1.0);
+  std::vector<double> x(size_t(50 * K));
+  for (auto& v : x) v = d(rng);
+  std::vector<double> full(size_t(K * K), 0.0), blocks(size_t(G * B * B), 0.0);
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = 0; j < K; ++j) {
+      double s = 0;
+      for (int64_t t = 0; t < 50; ++t) s += x[size_t(t * K + i)] * x[size_t(t * K + j)];
+      full[size_t(i * K + j)] = s;
+      if (i / B == j / B) blocks[size_t(((i / B) * B + i % B) * B + j % B)] = s;
+    }
+  std::vector<float> inv(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) inv[size_t(k)] = 1.0f / (0.5f + float(k % 7) * 0.25f);
+  GramClipOptions opt;
+  opt.ratios = {1.0f, 0.9f, 0.8f, 0.7f};
+  WeightMatrix m{DType::kFloat32, w.data(), K, N, 0};
+  QuantSpec spec{4, B, false};
+  QuantResult a, b;
+  std::vector<float> ca, cb;
+  clip_quantize_gram(m, spec, full.data(), 0, inv.data(), opt, a, &ca);
+  clip_quantize_gram(m, spec, blocks.data(), B, inv.data(), opt, b, &cb);
+  EXPECT_EQ(a.codes, b.codes);
+  EXPECT_EQ(a.scales, b.scales);
+  EXPECT_EQ(ca, cb);
+  int clipped = 0;
+  for (float r : ca) clipped += r != 1.0f;
   EXPECT_GT(clipped, 0);
 }

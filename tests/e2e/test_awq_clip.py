@@ -144,3 +144,43 @@ def test_nibble_zero_point_clip_runs(env):
     rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", "--use_zero_point")[0].path, env.held), env.float_out)
     got = rel_mse(ort_run(g.path, env.held), env.float_out)
     assert np.mean([got[k] / rtn[k] for k in rtn]) < 0.9
+
+
+def test_nibble_per_channel_uses_the_whole_gram(env):
+    """Per channel (block = K) nibble mode reads the whole XᵀX (no block-diagonal capture): it runs and
+    beats per-channel RTN on the held-out inputs."""
+    g, _ = env.quantize("--algo", "awq_clip", block=-1)
+    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", block=-1)[0].path, env.held), env.float_out)
+    got = rel_mse(ort_run(g.path, env.held), env.float_out)
+    assert np.mean([got[k] / rtn[k] for k in rtn]) < 0.9
+
+
+def test_capture_token_sample_and_gram_blocks(env, tmp_path):
+    """calib/capture.py --sample_tokens 64 keeps X[0::T // 64] (ModelOpt's rows, across batches of 3
+    samples) and --gram_block 32 the block-diagonal of XᵀX, zero-padded."""
+    import subprocess
+    import sys
+    acts = tmp_path / "acts.json"
+    acts.write_text(json.dumps([{"name": "n1", "K": 80}, {"name": "m", "K": 200}]))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "cap"
+    subprocess.run([sys.executable, os.path.join(root, "calib", "capture.py"), "capture", "--model", env.path,
+                    "--out", str(out), "--activations", str(acts), "--calib_data", env.npz, "--calib_size", "6",
+                    "--batch_size", "3", "--sample_tokens", "64", "--gram_block", "32"], check=True,
+                   capture_output=True)
+    index = json.loads((out / "index.json").read_text())
+    X = cr.ar.capture(env.model, ["n1", "m"], [{"hidden": env.calib[i:i + 1]} for i in range(6)])
+    for e in index["activations"]:
+        K = e["K"]
+        x = np.concatenate(X[e["name"]], axis=0).reshape(-1, K)          # T = 192 -> step 3, 64 rows
+        rows = np.fromfile(out / e["token_sample"], np.float32).reshape(-1, K)
+        assert e["token_sample_step"] == 3 and np.array_equal(rows, x[0::3])
+        assert e["gram_block"] == 32
+        gb = np.fromfile(out / e["gram"], np.float64).reshape(-1, 32, 32)
+        assert gb.shape[0] == -(-K // 32)
+        full = x.astype(np.float64).T @ x.astype(np.float64)
+        for g in range(gb.shape[0]):
+            k0, k1 = 32 * g, min(K, 32 * g + 32)
+            want = np.zeros((32, 32))
+            want[:k1 - k0, :k1 - k0] = full[k0:k1, k0:k1]
+            assert np.allclose(gb[g], want, rtol=1e-5, atol=1e-3), (e["name"], g)

@@ -188,6 +188,7 @@ int run_quantize(const QuantizeOptions& o) {
   for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   spdlog::info("quantizing {} weights ({}) of {}: {} INT{} block {} -> {}", plan.weights.size(),
                human_bytes(total_in), o.onnx_path, o.algo, 4, o.block_size, format_name(format));
+  const bool zero_point = o.use_zero_point && !(clip && !awq && modelopt_mode);  // ModelOpt's awq_clip: INT4
   std::map<std::string, std::vector<float>> column_divisors;
   if (awq) column_divisors = place_awq_scales(*model, plan, choices, rewriter, !o.awqlite_disable_fuse_nodes);
 
@@ -208,7 +209,7 @@ int run_quantize(const QuantizeOptions& o) {
     kernels::QuantSpec spec;
     spec.bits = pw.bits;
     spec.block = pw.resolved_block();
-    spec.zero_point = o.use_zero_point && !(clip && !awq && modelopt_mode);  // ModelOpt's awq_clip: INT4
+    spec.zero_point = zero_point;
     // AWQ: quantize W ⊙ s (after dividing the columns by a consumer's 1/s folded into this weight).
     std::vector<uint8_t> prepared;
     if (awq) {
@@ -303,7 +304,7 @@ int run_quantize(const QuantizeOptions& o) {
   auto* meta = model->proto().add_metadata_props();
   meta->set_key("nibble.quantization");
   meta->set_value("algo=" + o.algo + " format=" + format_name(format) + " block_size=" + std::to_string(o.block_size) +
-                  " zero_point=" + (o.use_zero_point ? "1" : "0"));
+                  " zero_point=" + (zero_point ? "1" : "0"));
   writer.commit(model->proto());
   const auto companions = copy_genai_companions(model->path(), writer.out_path(), o.force);
 

@@ -215,7 +215,24 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
         if (ci >= R) p.scale = -p.scale;
         cand[size_t(c)] = p;
       }
-      if (dt == DType::kFloat32 && !zp) {
+      if (!zp && dt != DType::kFloat32) {
+        // fp16 / bf16: quantize_value / dequantize_value inlined (fp16 quotient rounded to fp16,
+        // the dequantized value rounded to the weight dtype)
+        const float lo = -float(1 << (spec.bits - 1)), hi = float((1 << (spec.bits - 1)) - 1);
+        const bool f16 = dt == DType::kFloat16;
+        for (int64_t i = 0; i < kn; ++i) {
+          const float* wr = wb.data() + i * nc;
+          float* dr = d.data() + i * nc;
+          for (int64_t c = 0; c < nc; ++c) {
+            const float sc = cand[size_t(c)].scale;
+            float q = wr[c] / sc;
+            if (f16) q = round_to(dt, q);
+            float r = (q + 12582912.0f) - 12582912.0f;
+            r = std::min(std::max(r, lo), hi);
+            dr[c] = wr[c] - round_to(dt, r * sc);
+          }
+        }
+      } else if (dt == DType::kFloat32 && !zp) {
         // the same arithmetic as quantize_value / dequantize_value for fp32, vectorizable: codes
         // |v / s| < 2^22, so (q + 1.5·2^23) - 1.5·2^23 is rint (half to even)
         const float lo = -float(1 << (spec.bits - 1)), hi = float((1 << (spec.bits - 1)) - 1);

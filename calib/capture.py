@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--use_fp32", action="store_true")
     c.add_argument("--mask_padding", type=int, choices=[0, 1], default=0)
     c.add_argument("--budget_mb", type=float, default=2048)
+    c.add_argument("--gram_block", type=int, default=0,
+                   help="keep only the block-diagonal of X^T X: [ceil(K/B), B, B] float64 (the last block "
+                        "zero-padded), B = this; 0 = the whole K x K matrix")
+    c.add_argument("--sample_tokens", type=int, default=0,
+                   help="also keep the token rows 0, step, 2*step, ... (step = max(1, T // N), T = all rows of "
+                        "all batches, padding included): ModelOpt's awq_clip sample (max_tokens = N); 0 = off")
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)
@@ -297,8 +303,12 @@ class Accumulator:
 
     GRAM_ROWS = 1024
 
-    def __init__(self, name: str, K: int, with_gram: bool = True):
+    def __init__(self, name: str, K: int, with_gram: bool = True, gram_block: int = 0):
         self.name, self.K = name, K
+        self.gram_block = gram_block
+        if gram_block > 0:
+            with_gram = False
+            self.gblocks = np.zeros((-(-K // gram_block), gram_block, gram_block), np.float64)
         self.acc32 = np.zeros(K, np.float32)
         self.rows_all = 0
         self.col1: list[np.ndarray] = []
@@ -330,6 +340,13 @@ class Accumulator:
             self.sum_abs += np.add.reduce(np.abs(Xd), axis=0)
             if self.gram is not None:
                 self._buffer(Xc)
+            elif self.gram_block > 0:
+                X32 = np.ascontiguousarray(Xc, dtype=np.float32)
+                B = self.gram_block
+                for g in range(self.gblocks.shape[0]):
+                    xb = X32[:, g * B:(g + 1) * B]
+                    kb = xb.shape[1]
+                    self.gblocks[g, :kb, :kb] += (xb.T @ xb).astype(np.float64)
             if not np.isfinite(self.sum_abs).all():
                 self.nonfinite += 1
         self.rows += Xd.shape[0]
@@ -365,11 +382,46 @@ class Accumulator:
         return out
 
 
-def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float) -> list[list[int]]:
+class TokenSampler:
+    """ModelOpt's awq_clip token sample (int4.py _clip_search): X = every batch's activation reshaped
+    [-1, K] and concatenated (all rows, padding included), then X[0::max(1, T // max_tokens)].  T is
+    known from the first batch (every batch has the same rows: npz samples share a shape, texts are
+    padded to --seq_len).  Keeps only the sampled rows (64..127 of them), as float32."""
+
+    def __init__(self, max_tokens: int, n_batches: int):
+        self.max_tokens, self.n_batches = max_tokens, n_batches
+        self.per_batch = None
+        self.step = 0
+        self.offset = 0
+        self.dtype = "float32"
+        self.parts: list[np.ndarray] = []
+
+    def update(self, X: np.ndarray, name: str) -> None:
+        R = X.shape[0]
+        if self.per_batch is None:
+            self.per_batch = R
+            self.step = max(1, (R * self.n_batches) // self.max_tokens)
+            self.dtype = str(X.dtype)
+        elif R != self.per_batch:
+            raise CalibError(f"activation '{name}': batches of {self.per_batch} and {R} rows; the token sample "
+                             f"(awq_clip) needs batches of one shape")
+        first = (-self.offset) % self.step
+        if first < R:
+            self.parts.append(np.array(X[first::self.step], dtype=np.float32))
+        self.offset += R
+
+    def rows(self, K: int) -> np.ndarray:
+        return np.concatenate(self.parts, axis=0) if self.parts else np.zeros((0, K), np.float32)
+
+
+def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float, gram_block: int = 0) -> list[list[int]]:
     groups: list[list[int]] = []
     cur, size = [], 0
     for i, (name, K) in enumerate(acts):
-        b = K * K * 4 + Accumulator.GRAM_ROWS * K * 4     # float32 Gram + its row buffer
+        if gram_block > 0:
+            b = -(-K // gram_block) * gram_block * gram_block * 8
+        else:
+            b = K * K * 4 + Accumulator.GRAM_ROWS * K * 4     # float32 Gram + its row buffer
         if cur and size + b > budget_bytes:
             groups.append(cur)
             cur, size = [], 0
@@ -480,7 +532,9 @@ def capture(a) -> int:
     if not os.access(out_dir, os.W_OK):
         raise CalibError(f"--out {a.out}: folder not writable")
 
-    groups = group_by_budget(acts, a.budget_mb * 2**20)
+    if a.gram_block < 0:
+        raise CalibError("--gram_block must be >= 0")
+    groups = group_by_budget(acts, a.budget_mb * 2**20, a.gram_block)
     graph_inputs = {vi.name for vi in model.graph.input}
     log(f"{len(acts)} activations, {batches.samples} samples in {batches.n_batches} batches of "
         f"{batches.batch_size} from {batches.source}, {len(groups)} pass(es), providers "
@@ -496,7 +550,8 @@ def capture(a) -> int:
         if fetch:
             sess = make_session(augmented_model_bytes(model, fetch), model_dir, providers, model_path)
             provider_used = provider_used or sess.get_providers()[0]
-        accs = {i: Accumulator(acts[i][0], acts[i][1]) for i in group}
+        accs = {i: Accumulator(acts[i][0], acts[i][1], gram_block=a.gram_block) for i in group}
+        samplers = {i: TokenSampler(a.sample_tokens, batches.n_batches) for i in group} if a.sample_tokens > 0 else {}
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()
@@ -536,6 +591,8 @@ def capture(a) -> int:
                     counted = flat_mask
                 with np.errstate(all="ignore"):
                     accs[i].update(X, counted)
+                if samplers:
+                    samplers[i].update(X, name)
                 del x, X
             t3 = time.time()
             log(f"pass {gi + 1}/{len(groups)} batch {bi + 1}/{batches.n_batches}: run {t2 - t1:.2f} s, "
@@ -551,10 +608,26 @@ def capture(a) -> int:
             try:
                 _write(os.path.join(out_dir, files["mean_abs_np"]), acc.mean_abs_np(), "<f4")
                 _write(os.path.join(out_dir, files["sum_abs"]), acc.sum_abs, "<f8")
-                _write(os.path.join(out_dir, files["gram"]), acc.gram_f64(), "<f8")
+                if a.gram_block > 0:
+                    files["gram"] = f"a{i}.gram_blocks.f64"
+                    _write(os.path.join(out_dir, files["gram"]), acc.gblocks, "<f8")
+                else:
+                    _write(os.path.join(out_dir, files["gram"]), acc.gram_f64(), "<f8")
             except OSError as e:
                 raise CalibError(f"--out {a.out}: cannot write ({e.strerror or e})") from None
             entries[i] = {"name": acc.name, "K": acc.K, "rows": acc.rows, "rows_all": acc.rows_all, **files}
+            if a.gram_block > 0:
+                entries[i]["gram_block"] = a.gram_block
+            if samplers:
+                smp = samplers.pop(i)
+                rows = smp.rows(acc.K)
+                f = f"a{i}.token_sample.f32"
+                try:
+                    _write(os.path.join(out_dir, f), rows, "<f4")
+                except OSError as e:
+                    raise CalibError(f"--out {a.out}: cannot write ({e.strerror or e})") from None
+                entries[i].update({"token_sample": f, "token_sample_rows": int(rows.shape[0]),
+                                   "token_sample_step": smp.step, "token_sample_dtype": smp.dtype})
             del acc
 
     index = {"version": INDEX_VERSION, "samples": batches.samples, "seq_len": batches.seq_len,

@@ -17,8 +17,8 @@ namespace {
 constexpr const char* kAlgoHelp =
     "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
     "calibration, fastest. rtn: round-to-nearest, QuantizeLinear->DequantizeLinear on the float weight. "
-    "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip / awq_full: not "
-    "implemented yet";
+    "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
+    "ratio search on the calibration data. awq_full: awq_lite then awq_clip";
 
 void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_option("--onnx_path", o.onnx_path, "Input ONNX model (external data beside it)")->required();
@@ -42,7 +42,7 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_option("--awqclip_alpha_step", o.awqclip_alpha_step, "AWQ-clip: step of the clip-ratio grid")
       ->capture_default_str();
   q.add_option("--awqclip_alpha_min", o.awqclip_alpha_min, "AWQ-clip: smallest clip ratio")->capture_default_str();
-  q.add_option("--awqclip_bsz_col", o.awqclip_bsz_col, "AWQ-clip: output columns per search chunk")
+  q.add_option("--awqclip_bsz_col", o.awqclip_bsz_col, "AWQ-clip: output columns per search chunk (modelopt mode: ModelOpt's chunk, which decides numpy's summation order for a one-column chunk)")
       ->capture_default_str();
   q.add_option("--calibration_eps", o.calibration_eps,
                "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
@@ -74,7 +74,8 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
       ->capture_default_str();
   q.add_option("--awq_mode", o.awq_mode,
                "AWQ arithmetic: nibble (contiguous blocks, honoured alpha step, padding masked, joint sibling "
-               "search) or modelopt (ModelOpt 0.47's arithmetic and quirks, for bit-exact comparison)")
+               "search; clip search on all calibration tokens through XᵀX) or modelopt (ModelOpt 0.47's "
+               "arithmetic and quirks, for bit-exact comparison)")
       ->capture_default_str();
   q.add_option("--calib_data", o.calib_data, "Calibration from an .npz of ready model inputs (axis 0 = samples) "
                "instead of --dataset");

@@ -101,7 +101,8 @@ void run_child(const std::vector<std::string>& argv, const std::string& error_pr
 }
 
 std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const std::string& model_path,
-                                              const std::vector<Request>& acts, bool mask_padding) {
+                                              const std::vector<Request>& acts, bool mask_padding,
+                                              const Extras& extras) {
   std::unique_ptr<Calibration> c(new Calibration());
   std::error_code ec;
   if (!o.calib_cache.empty()) {
@@ -128,6 +129,8 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
                              {"mask_padding", mask_padding},
                              {"position_ids", o.add_position_ids ? "add" : o.no_position_ids ? "no" : "auto"},
                              {"activations", req}};
+  if (extras.sample_tokens > 0) settings["sample_tokens"] = extras.sample_tokens;
+  if (extras.gram_block > 0) settings["gram_block"] = extras.gram_block;
   bool reuse = false;
   if (!c->owned_dir_ && fs::exists(dir / "index.json") && fs::exists(dir / "settings.json")) {
     try {
@@ -166,6 +169,11 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
     if (o.no_past_kv_inputs) argv.push_back("--no_past_kv_inputs");
     if (o.use_buffer_share) argv.push_back("--use_buffer_share");
     if (o.use_fp32) argv.push_back("--use_fp32");
+    for (const auto& [flag, v] : {std::pair{"--sample_tokens", extras.sample_tokens}, {"--gram_block", extras.gram_block}})
+      if (v > 0) {
+        argv.push_back(flag);
+        argv.push_back(std::to_string(v));
+      }
     run_child(argv, "calibration: ", o.quiet);
     std::ofstream f(dir / "settings.json");
     f << settings.dump();

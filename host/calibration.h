@@ -13,6 +13,14 @@
 
 namespace nibble {
 
+// What awq_clip asks calibration for besides (host/awq_clip.h): sample_tokens > 0 also keeps
+// ModelOpt's token sample of each activation; gram_block > 0 keeps only the block-diagonal of XᵀX
+// ([G, B, B]; the index's "gram" then names that file and stats() cannot be used).
+struct CalibrationExtras {
+  int64_t sample_tokens = 0;
+  int64_t gram_block = 0;
+};
+
 class Calibration {
  public:
   struct Request {
@@ -21,8 +29,10 @@ class Calibration {
   };
   // Captures statistics for `activations` of `model_path` into a temporary folder (or
   // options.calib_cache, kept and reused when it already holds them). Throws Error.
+  using Extras = CalibrationExtras;
   static std::unique_ptr<Calibration> run(const QuantizeOptions& options, const std::string& model_path,
-                                          const std::vector<Request>& activations, bool mask_padding);
+                                          const std::vector<Request>& activations, bool mask_padding,
+                                          const Extras& extras = {});
   ~Calibration();
 
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else

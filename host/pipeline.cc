@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "host/awq.h"
+#include "host/awq_clip.h"
 #include "host/calibration.h"
 #include "host/opset.h"
 #include "host/plan.h"
@@ -71,8 +72,9 @@ void validate_options(const QuantizeOptions& o) {
   static const std::vector<std::string> algos = {"awq_lite", "awq_clip", "awq_full", "rtn", "rtn_dq"};
   if (std::find(algos.begin(), algos.end(), o.algo) == algos.end())
     throw Error("--algo " + o.algo + " is unknown (choose awq_lite, awq_clip, awq_full, rtn or rtn_dq)");
-  if (o.algo == "awq_clip" || o.algo == "awq_full")
-    throw Error("--algo " + o.algo + " is not implemented yet (issue 9): use --algo awq_lite, rtn_dq or rtn");
+  if (!(o.awqclip_alpha_step > 0 && o.awqclip_alpha_step <= 1)) throw Error("--awqclip_alpha_step must be in (0, 1]");
+  if (!(o.awqclip_alpha_min > 0 && o.awqclip_alpha_min <= 1)) throw Error("--awqclip_alpha_min must be in (0, 1]");
+  if (o.awqclip_bsz_col < 1) throw Error("--awqclip_bsz_col must be at least 1");
   if (o.awq_mode != "nibble" && o.awq_mode != "modelopt")
     throw Error("--awq_mode " + o.awq_mode + " is unknown (choose nibble or modelopt)");
   if (o.awqlite_alpha_step <= 0 || o.awqlite_alpha_step > 1)
@@ -141,11 +143,13 @@ int run_quantize(const QuantizeOptions& o) {
       throw Error("output folder " + out_dir.string() + " already has genai_config.json (use --force to overwrite)");
   }
 
-  const bool awq = o.algo == "awq_lite";
+  const bool awq = o.algo == "awq_lite" || o.algo == "awq_full";
+  const bool clip = o.algo == "awq_clip" || o.algo == "awq_full";  // host/awq_clip.h
   const bool modelopt_mode = o.awq_mode == "modelopt";
-  std::map<std::string, AwqChoice> choices;
+  std::map<std::string, AwqChoice> choices, per_node;
   std::unique_ptr<Calibration> calib;
-  if (awq) {
+  std::unique_ptr<ClipSearch> clipper;
+  if (awq || clip) {
     if (!o.force) {  // fail before minutes of calibration, not after
       std::error_code ec;
       if (std::filesystem::exists(o.output_path, ec))
@@ -154,13 +158,23 @@ int run_quantize(const QuantizeOptions& o) {
     std::vector<Calibration::Request> acts;
     for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
     const auto tc = clock::now();
-    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode);
+    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode, clip_calibration(o, plan));
     spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", calib->tokens(), acts.size(),
                  std::chrono::duration<double>(clock::now() - tc).count());
     const auto ts = clock::now();
-    choices = awq_lite_search(*model, plan, *calib, o, modelopt_mode);
-    spdlog::info("awq-lite search ({} mode): {:.1f} s", o.awq_mode,
-                 std::chrono::duration<double>(clock::now() - ts).count());
+    if (awq && clip && modelopt_mode) awq_full_modelopt_scales(*model, plan, *calib, o, &per_node, &choices);
+    else if (awq) choices = awq_lite_search(*model, plan, *calib, o, modelopt_mode);
+    if (awq)
+      spdlog::info("awq-lite search ({} mode): {:.1f} s", o.awq_mode,
+                   std::chrono::duration<double>(clock::now() - ts).count());
+    if (clip) {
+      const auto tk = clock::now();
+      clipper = std::make_unique<ClipSearch>(o, *calib, modelopt_mode);
+      if (modelopt_mode) clipper->search_modelopt(*model, plan, awq ? &per_node : nullptr);
+      spdlog::info("clip search ({} mode): {:.1f} s{}", o.awq_mode,
+                   std::chrono::duration<double>(clock::now() - tk).count(),
+                   modelopt_mode ? "" : " (searched while quantizing)");
+    }
   }
 
   ModelWriter::Options wopt;
@@ -175,6 +189,7 @@ int run_quantize(const QuantizeOptions& o) {
   for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   spdlog::info("quantizing {} weights ({}) of {}: {} INT{} block {} -> {}", plan.weights.size(),
                human_bytes(total_in), o.onnx_path, o.algo, 4, o.block_size, format_name(format));
+  const bool zero_point = o.use_zero_point && !(clip && !awq && modelopt_mode);  // ModelOpt's awq_clip: INT4
   std::map<std::string, std::vector<float>> column_divisors;
   if (awq) column_divisors = place_awq_scales(*model, plan, choices, rewriter, !o.awqlite_disable_fuse_nodes);
 
@@ -195,7 +210,7 @@ int run_quantize(const QuantizeOptions& o) {
     kernels::QuantSpec spec;
     spec.bits = pw.bits;
     spec.block = pw.resolved_block();
-    spec.zero_point = o.use_zero_point;
+    spec.zero_point = zero_point;
     // AWQ: quantize W ⊙ s (after dividing the columns by a consumer's 1/s folded into this weight).
     std::vector<uint8_t> prepared;
     if (awq) {
@@ -221,7 +236,9 @@ int run_quantize(const QuantizeOptions& o) {
       w.data = prepared.data();
     }
     kernels::QuantResult q;
-    if (awq && !modelopt_mode) {
+    if (clip) {
+      clipper->quantize(pw, w, spec, awq ? &choices.at(pw.weight).scale : nullptr, q);
+    } else if (awq && !modelopt_mode) {
       // nibble mode: each block picks its clip ratio by the activation-weighted error, the
       // weight of input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
       const kernels::ActivationStats st = calib->stats(pw.activation, false);
@@ -256,7 +273,7 @@ int run_quantize(const QuantizeOptions& o) {
                        {"role", pw.role},
                        {"bits", pw.bits},
                        {"block_size", pw.block},
-                       {"zero_point", o.use_zero_point},
+                       {"zero_point", spec.zero_point},
                        {"format", format_name(used)},
                        {"mse", q.sq_error / double(n)},
                        {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)},
@@ -288,7 +305,7 @@ int run_quantize(const QuantizeOptions& o) {
   auto* meta = model->proto().add_metadata_props();
   meta->set_key("nibble.quantization");
   meta->set_value("algo=" + o.algo + " format=" + format_name(format) + " block_size=" + std::to_string(o.block_size) +
-                  " zero_point=" + (o.use_zero_point ? "1" : "0"));
+                  " zero_point=" + (zero_point ? "1" : "0"));
   writer.commit(model->proto());
   const auto companions = copy_genai_companions(model->path(), writer.out_path(), o.force);
 

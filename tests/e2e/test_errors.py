@@ -259,15 +259,16 @@ def test_unknown_format(nibble, dirs):
     fail_run(nibble, src, o, "--algo", "rtn_dq", "--format", "gguf", names=("gguf", "format"))
 
 
-@pytest.mark.parametrize("algo", ["awq_clip", "awq_full"])
-def test_awq_clip_not_implemented(nibble, dirs, algo):
-    """awq_clip / awq_full land with issue 9: a clear error until then."""
+@pytest.mark.parametrize("flag,value", [("--awqclip_alpha_step", "0"), ("--awqclip_alpha_min", "1.5"),
+                                        ("--awqclip_bsz_col", "0")])
+def test_awq_clip_bad_grid_flags(nibble, dirs, flag, value):
+    """awq_clip / awq_full (issue 9): a bad clip-grid flag is one clear error line, before any work."""
     i, o = dirs
     src = external_model(i)
-    fail_run(nibble, src, o, "--algo", algo, names=(algo,), contains="not implemented")
+    fail_run(nibble, src, o, "--algo", "awq_clip", flag, value, names=(flag.lstrip("-"),))
 
 
-@pytest.mark.parametrize("algo", [None, "awq_lite"])
+@pytest.mark.parametrize("algo", [None, "awq_lite", "awq_clip", "awq_full"])
 def test_awq_lite_needs_a_decoder_or_npz(nibble, dirs, algo):
     """--algo defaults to awq_lite (ModelOpt's default); a model without input_ids cannot be calibrated
     from text: one error line naming the model and the way out (--calib_data)."""

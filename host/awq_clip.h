@@ -1,0 +1,77 @@
+// AWQ clip (reference spec §6) and AWQ full (§6.4: the awq_lite scale search, then the clip search).
+//   modelopt  ModelOpt 0.47: every weight's ratios searched on ModelOpt's token sample (rows 0, step,
+//             2·step, ... of the concatenated calibration activations, step = T // 64, padding
+//             included), float32 per-block partial products, first strictly smaller loss; the final
+//             weight quantized symmetric with those ratios (awq_clip ignores --use_zero_point, awq_full
+//             with a zero point computes ratios that have no effect). awq_full searches on W ⊙ s* of
+//             the node's own search against the UNSCALED X, and quantizes W ⊙ s (siblings' mean).
+//   nibble    no token rows: the Gram matrix G = XᵀX of the one calibration pass (all tokens) gives
+//             each block's loss d_bᵀ G_bb d_b; awq_full searches what is really quantized (W ⊙ s against
+//             X ⊘ s: G scaled by 1/s on both sides). Ratio grid from --awqclip_alpha_step/_min, with
+//             both signs of the symmetric scale; --use_zero_point honoured (clip of [min, max]).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "host/awq.h"
+#include "host/calibration.h"
+#include "host/options.h"
+#include "host/plan.h"
+#include "kernels/quant_types.h"
+#include "loaders/external_data.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+// ModelOpt's max_tokens (int4.py _clip_search): the token sample modelopt mode asks calibration for.
+constexpr int64_t kClipMaxTokens = 64;
+
+// What calibration must keep for the clip search: modelopt mode ModelOpt's token sample; nibble-mode
+// awq_clip only the block-diagonal of XᵀX (what its loss reads: ~K·B instead of K² per activation).
+Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan);
+
+// awq_full in modelopt mode: each node's own scale s* (per_node) and the final scales (siblings'
+// mean with fuse on, as awq_lite_search gives them).
+void awq_full_modelopt_scales(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                              std::map<std::string, AwqChoice>* per_node, std::map<std::string, AwqChoice>* final_scales);
+
+class ClipSearch {
+ public:
+  ClipSearch(const QuantizeOptions& o, Calibration& calib, bool modelopt);
+  ~ClipSearch();
+
+  // modelopt mode: searches every weight of the plan now (on W ⊙ s* with per_node, else on W).
+  void search_modelopt(OnnxModel& model, const Plan& plan, const std::map<std::string, AwqChoice>* per_node);
+
+  // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_full) into q. awq_scale: the
+  // s that W was multiplied by (nibble mode scales G by 1/s), or null.
+  void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
+                const std::vector<float>* awq_scale, kernels::QuantResult& q);
+
+  // The chosen ratios of a weight ([N * G], n * G + g; nibble mode: negative = negated scale).
+  const std::vector<float>* ratios(const std::string& weight) const;
+
+ private:
+  struct Sample {
+    int64_t rows = 0, K = 0;
+    std::string file;
+  };
+  struct Gram {
+    int64_t K = 0, block = 0;  // block 0: the whole K x K matrix
+    std::string file;
+  };
+  const float* sample_rows(const std::string& activation, int64_t K, int64_t* rows);
+  const MappedFile& map(const std::string& file);
+
+  const QuantizeOptions& o_;
+  Calibration& calib_;
+  bool modelopt_;
+  std::map<std::string, Sample> samples_;
+  std::map<std::string, Gram> grams_;
+  std::map<std::string, std::unique_ptr<MappedFile>> maps_;
+  std::map<std::string, std::vector<float>> ratios_;
+};
+
+}  // namespace nibble

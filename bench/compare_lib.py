@@ -174,6 +174,30 @@ def all_rows(calib_lite: tuple[int, int], calib_clip: tuple[int, int]) -> list[R
         Row("modelopt:awq_clip", "modelopt", "awq_clip", None, slow=True, calib=calib_clip),
         Row("ort:rtn_sym", "ort", "rtn symmetric (MatMulNBits)", None),
         Row("ort:rtn_asym", "ort", "rtn asymmetric (MatMulNBits)", None),
+    ] + mixed_rows(calib_lite)
+
+
+# Mixed INT4/INT8 precision (issue 9): ModelOpt's default layer choice (reference §7.1) and nibble's
+# sensitivity choice at the same output size (its default budget).  id -> extra flags.
+MIXED_FLAGS = {
+    "nibble:rtn_dq_mixed": ["--algo", "rtn_dq", "--enable_mixed_quant"],
+    "nibble:rtn_dq_mixed_sens": ["--algo", "rtn_dq", "--mixed_strategy", "sensitivity"],
+    "nibble:awq_lite_mixed_sens": ["--algo", "awq_lite", "--mixed_strategy", "sensitivity"],
+    "modelopt:rtn_dq_mixed": ["--algo", "rtn_dq", "--enable_mixed_quant"],
+    "modelopt:awq_lite_mixed": ["--algo", "awq_lite", "--enable_mixed_quant"],
+}
+
+
+def mixed_rows(calib_lite: tuple[int, int]) -> list[Row]:
+    return [
+        Row("nibble:rtn_dq_mixed", "nibble", "rtn_dq --enable_mixed_quant", "modelopt:rtn_dq_mixed"),
+        Row("nibble:rtn_dq_mixed_sens", "nibble", "rtn_dq --mixed_strategy sensitivity", "modelopt:rtn_dq_mixed",
+            calib=calib_lite),
+        Row("nibble:awq_lite_mixed_sens", "nibble", "awq_lite --mixed_strategy sensitivity",
+            "modelopt:awq_lite_mixed", calib=calib_lite),
+        Row("modelopt:rtn_dq_mixed", "modelopt", "rtn_dq --enable_mixed_quant", None),
+        Row("modelopt:awq_lite_mixed", "modelopt", "awq_lite --enable_mixed_quant", None, slow=True,
+            calib=calib_lite),
     ]
 
 
@@ -199,6 +223,11 @@ def command(row: Row, model: str, out: str, block_size: int, calib_npz: str | No
         if not os.access(NIBBLE, os.X_OK):
             return None, f"not built ({os.path.relpath(NIBBLE, ROOT)} missing: scripts/build)"
         cmd = [NIBBLE, "quantize", "--onnx_path", model, "--output_path", out, "--block_size", str(block_size)]
+        if row.id in MIXED_FLAGS:
+            cmd += MIXED_FLAGS[row.id]
+            if row.calib:
+                cmd += ["--calib_size", str(row.calib[0]), "--calib_data", calib_npz]
+            return cmd, None
         if row.id == "nibble:rtn_dq":
             return cmd + ["--algo", "rtn_dq"], None
         if row.id == "nibble:rtn_dq_zp":
@@ -217,12 +246,16 @@ def command(row: Row, model: str, out: str, block_size: int, calib_npz: str | No
         if not os.access(PY_MO, os.X_OK):
             return None, "missing .venv-modelopt (run scripts/setup_peers)"
         algo = row.id.split(":")[1]
+        if row.id in MIXED_FLAGS:
+            algo = MIXED_FLAGS[row.id][1]
         # --size_threshold 1024: same tensors as the GenAI example's size_threshold=0, but tiny int64
         # constants stay inline, without which ORT 1.24 cannot load the output (bench/README.md)
         cmd = [PY_MO, os.path.join(HERE, "run_modelopt.py"), "--onnx_path", model, "--output_path", out,
                "--algo", algo, "--block_size", str(block_size), "--size_threshold", "1024"]
         if row.calib:
             cmd += ["--calib_npz", calib_npz]
+        if row.id in MIXED_FLAGS:
+            cmd += MIXED_FLAGS[row.id][2:]
         return cmd, None
     if row.tool == "ort":
         if not os.access(PY_ORT, os.X_OK):

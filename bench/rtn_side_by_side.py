@@ -3,7 +3,7 @@
 
     python3 bench/rtn_side_by_side.py MODEL.onnx [--work /tmp/rtn_sbs] [--block_size 128]
         [--tools nibble,modelopt,ort_asym,ort_sym] [--repeat N] [--check-parity] [--nibble build/nibble]
-        [--json FILE]
+        [--json FILE] [--mixed]
 
 Runs, one after the other (never in parallel: the box has 2 cores), each measured by bench/measure.py
 (wall s, peak RSS of the process tree, bytes written), each into its own directory WORK/<tool>/:
@@ -40,6 +40,13 @@ TOOLS = ["nibble", "modelopt", "ort_asym", "ort_sym"]
 
 
 def tool_cmd(tool, model, out, bs, nibble):
+    cmd, why = _tool_cmd(tool, model, out, bs, nibble)
+    if cmd and getattr(ARGS, "mixed", False) and tool in ("nibble", "modelopt"):
+        cmd = cmd + ["--enable_mixed_quant"]
+    return cmd, why
+
+
+def _tool_cmd(tool, model, out, bs, nibble):
     py_mo = os.path.join(ROOT, ".venv-modelopt", "bin", "python")
     py_ort = os.path.join(ROOT, ".venv-ortq", "bin", "python")
     if tool == "nibble":
@@ -147,13 +154,15 @@ def print_table(results, model):
 # ----------------------------------------------------------------------------------------------------- parity
 
 def int4_codes(t):
-    """int8 array of the INT4/UINT4 values of a TensorProto (raw_data: low nibble first)."""
+    """int8/int16 array of the INT4/UINT4 (or INT8/UINT8) values of a TensorProto (raw_data: low nibble first)."""
     import numpy as np
     from onnx import TensorProto, numpy_helper
 
     n = 1
     for d in t.dims:
         n *= d
+    if t.data_type in (TensorProto.INT8, TensorProto.UINT8):
+        return numpy_helper.to_array(t).astype(np.int16)
     if t.raw_data:
         b = np.frombuffer(t.raw_data, dtype=np.uint8)
         v = np.empty(b.size * 2, dtype=np.int16)
@@ -241,14 +250,19 @@ def check_parity(nib_path, mo_path, verbose=True):
         for r in rows:
             other = ", ".join(f"{k}: {r[k]}" for k in ("zp", "dq") if k in r)
             print(f"| {r['weight']} | {r['codes']} | {r['scales']} | {other} |")
-    print(f"\n{n_ok}/{len(weights)} weights identical (codes, scales, zp, DQ attributes)")
+    from onnx import TensorProto
+    n8 = sum(1 for w in weights if mi[w + "_i4"].data_type in (TensorProto.INT8, TensorProto.UINT8))
+    n8_ok = sum(1 for r in rows if r["ok"] and mi[r["weight"] + "_i4"].data_type in (TensorProto.INT8, TensorProto.UINT8))
+    print(f"\n{n_ok}/{len(weights)} weights identical (codes, scales, zp, DQ attributes); "
+          f"of them 8-bit in ModelOpt's output: {n8}, identical {n8_ok}")
     if extra_nib:
         print(f"quantized by nibble only: {extra_nib}")
     print("unquantized initializers: " + ("identical" if not other_diff else f"differ/missing: {other_diff[:20]}"
                                          + (" ..." if len(other_diff) > 20 else "")))
     print(f"nodes: nibble {len(nib.graph.node)}, ModelOpt {len(mo.graph.node)}; opset nibble "
           f"{[(o.domain, o.version) for o in nib.opset_import]} ModelOpt {[(o.domain, o.version) for o in mo.opset_import]}")
-    return n_ok == len(weights) and not extra_nib and not other_diff, rows
+    same_nodes = len(nib.graph.node) == len(mo.graph.node)
+    return n_ok == len(weights) and not extra_nib and not other_diff and same_nodes, rows
 
 
 def main():
@@ -267,6 +281,8 @@ def main():
     ap.add_argument("--parity", nargs=2, metavar=("NIBBLE_ONNX", "MODELOPT_ONNX"), help="compare these two files")
     ap.add_argument("--quiet-parity", action="store_true", help="summary only, no per-weight table")
     ap.add_argument("--json", help="write the measurements here")
+    ap.add_argument("--mixed", action="store_true",
+                    help="nibble and ModelOpt with --enable_mixed_quant (INT8 layers, reference §7.1)")
     ARGS = args = ap.parse_args()
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     bad = [t for t in args.tools if t not in TOOLS]

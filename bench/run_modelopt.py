@@ -6,14 +6,16 @@ Run with the lean ModelOpt venv made by scripts/setup_peers:
 
     .venv-modelopt/bin/python bench/run_modelopt.py --onnx_path IN.onnx --output_path OUT.onnx \
         --algo rtn_dq|rtn|awq_lite|awq_full|awq_clip [--block_size 128] [--use_zero_point] \
-        [--calib_npz FILE | --calib_random N [--calib_seq_len 512]] [--no_fuse] [--no_fast_path]
+        [--calib_npz FILE | --calib_random N [--calib_seq_len 512]] [--no_fuse] [--no_fast_path] \
+        [--enable_mixed_quant] [--layers_8bit PATTERNS]
 
 What is called: ``modelopt.onnx.quantization.int4.quantize(IN, calibration_method=algo,
 calibration_data_reader=..., calibration_eps=['cpu'], use_zero_point=..., block_size=...,
 nodes_to_exclude=['/lm_head'])``; every other argument is left at the API default
 (awqlite_fuse_nodes=True, alpha steps, awqclip_bsz_col 1024, ...), plus
 ``enable_fast_path_using_high_sysram=True`` for awq_lite/awq_full (same output, one ORT run per sample
-instead of one per MatMul per sample; --no_fast_path turns it off).
+instead of one per MatMul per sample; --no_fast_path turns it off). --enable_mixed_quant / --layers_8bit are
+passed as the kwargs of the same names (INT8 layers, reference §7).
 
 Saving (GenAI example): opset_import rewritten to ("",21) + ("com.microsoft",1) + other domains when the
 default-domain opset is < 21, then ``onnx.save_model(m, OUT, save_as_external_data=True,
@@ -200,6 +202,9 @@ def main():
     ap.add_argument("--size_threshold", type=int, default=0,
                     help="onnx.save_model size_threshold (0 = GenAI example: every tensor external; 1024 keeps "
                          "tiny constants inline, which ORT needs when shape/axes constants are initializers)")
+    ap.add_argument("--enable_mixed_quant", action="store_true",
+                    help="enable_mixed_quant=True: ModelOpt's default INT8 layer choice (reference §7.1)")
+    ap.add_argument("--layers_8bit", default="", help="layers_8bit=... (comma-separated patterns, §7.2)")
     ap.add_argument("--log_level", default="INFO")
     ap.add_argument("--timings_json", help="write {load_s, quantize_s, save_s} here")
     args = ap.parse_args()
@@ -218,6 +223,10 @@ def main():
         kwargs["awqlite_fuse_nodes"] = not args.no_fuse
         if not args.no_fast_path:
             kwargs["enable_fast_path_using_high_sysram"] = True
+    if args.enable_mixed_quant:
+        kwargs["enable_mixed_quant"] = True
+    if args.layers_8bit:
+        kwargs["layers_8bit"] = args.layers_8bit
     print(f"run_modelopt: algo={args.algo} block_size={args.block_size} zero_point={args.use_zero_point} "
           f"calib_samples={'random(ModelOpt)' if calib is None else len(calib)} "
           f"cupy_get_patch={patched} kwargs={kwargs}", flush=True)

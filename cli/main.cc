@@ -59,10 +59,18 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_flag("--use_fp32", o.use_fp32, "Calibration: past KV in fp32 (default: the model's own input dtype)");
   q.add_flag("--use_random_calib", o.use_random_calib, "Calibration: one random sample instead of a dataset");
   q.add_flag("--enable_mixed_quant", o.enable_mixed_quant,
-             "INT8 for ModelOpt's default set of sensitive layers, INT4 elsewhere (not implemented yet)");
+             "Mixed precision: some weights INT8 per channel, the rest INT4 (which ones: --mixed_strategy)");
   q.add_option("--layers_8bit", o.layers_8bit,
-               "Comma-separated node-name patterns quantized to INT8 (implies --enable_mixed_quant; not "
-               "implemented yet)");
+               "Comma-separated node-name patterns quantized to INT8, matched as token subsequences of node "
+               "names (layers.1 matches /model/layers.1/... but not layers.10; implies --enable_mixed_quant)");
+  q.add_option("--mixed_strategy", o.mixed_strategy,
+               "Which weights get INT8: modelopt (ModelOpt's default set: qkv/v/down projections of the first and "
+               "last eighth of the layers and every third between; the default) or sensitivity (the weights whose "
+               "output error drops most per extra byte, measured on calibration data; implies "
+               "--enable_mixed_quant)");
+  q.add_option("--mixed_budget", o.mixed_budget,
+               "sensitivity: share of the weights' elements at 8 bits (0..1) or an output size such as 300MB or "
+               "1.2GiB (default: the size ModelOpt's default choice gives)");
   q.add_option("--gather_quantize_axis", o.gather_quantize_axis, "Quantize Gather (embedding) data along this axis "
                "(not implemented yet)");
   q.add_option("--gather_block_size", o.gather_block_size, "Block size for Gather quantization")

@@ -43,6 +43,8 @@ struct QuantizeOptions {
   std::string calib_data;     // .npz of ready model inputs instead of --dataset
   int64_t calib_seq_len = 512;
   std::string calib_cache;    // keep calibration statistics here and reuse them
+  std::string mixed_strategy;  // modelopt | sensitivity (empty: modelopt when mixed precision is on)
+  std::string mixed_budget;    // sensitivity: share of the weights at 8 bits (0..1) or an output size (300MB)
   std::string awq_mode = "nibble";  // modelopt: ModelOpt's arithmetic and quirks; nibble: fixed
   std::string device = "auto";
   std::string format;  // empty: dq for rtn_dq and the AWQ algorithms, qdq for rtn

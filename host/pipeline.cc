@@ -11,6 +11,7 @@
 #include "host/awq.h"
 #include "host/awq_clip.h"
 #include "host/calibration.h"
+#include "host/mixed_precision.h"
 #include "host/opset.h"
 #include "host/plan.h"
 #include "host/progress.h"
@@ -87,8 +88,7 @@ void validate_options(const QuantizeOptions& o) {
   const int64_t b = o.block_size;
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
-  if (o.enable_mixed_quant || !o.layers_8bit.empty())
-    throw Error("--enable_mixed_quant/--layers_8bit are not implemented yet (INT8 layers land with issue 9)");
+  validate_mixed_options(o);
   if (!o.gather_quantize_axis.empty())
     throw Error("--gather_quantize_axis is not implemented yet (embeddings stay float)");
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
@@ -124,6 +124,8 @@ int run_quantize(const QuantizeOptions& o) {
                 ": no MatMul/Gemm with a constant 2-D float weight (" + std::to_string(plan.skipped.size()) +
                 " skipped; see `nibble inspect`)");
   for (const auto& s : plan.skipped) spdlog::debug("skip {} ({}): {}", s.node, s.op_type, s.reason);
+  MixedOutcome mixed;  // INT8 layers (issue 9): static strategies now, sensitivity after calibration
+  if (mixed_enabled(o) && !mixed_needs_calibration(o)) apply_static_mixed(*model, plan, o, &mixed);
 
   const Format format = o.resolved_format();
   // Opset problems must surface before any work: matmulnbits may fall back to dq for a Gemm.
@@ -149,7 +151,7 @@ int run_quantize(const QuantizeOptions& o) {
   std::map<std::string, AwqChoice> choices, per_node;
   std::unique_ptr<Calibration> calib;
   std::unique_ptr<ClipSearch> clipper;
-  if (awq || clip) {
+  if (awq || clip || mixed_needs_calibration(o)) {
     if (!o.force) {  // fail before minutes of calibration, not after
       std::error_code ec;
       if (std::filesystem::exists(o.output_path, ec))
@@ -158,7 +160,9 @@ int run_quantize(const QuantizeOptions& o) {
     std::vector<Calibration::Request> acts;
     for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
     const auto tc = clock::now();
-    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode, clip_calibration(o, plan));
+    Calibration::Extras extras = clip_calibration(o, plan);
+    if (mixed_needs_calibration(o)) extras.gram_block = 0;  // the sensitivity measure reads the whole Gram
+    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode, extras);
     spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", calib->tokens(), acts.size(),
                  std::chrono::duration<double>(clock::now() - tc).count());
     const auto ts = clock::now();
@@ -167,6 +171,8 @@ int run_quantize(const QuantizeOptions& o) {
     if (awq)
       spdlog::info("awq-lite search ({} mode): {:.1f} s", o.awq_mode,
                    std::chrono::duration<double>(clock::now() - ts).count());
+    if (mixed_needs_calibration(o))
+      apply_sensitivity_mixed(*model, plan, *calib, o, format, awq ? &choices : nullptr, &mixed);
     if (clip) {
       const auto tk = clock::now();
       clipper = std::make_unique<ClipSearch>(o, *calib, modelopt_mode);
@@ -187,8 +193,11 @@ int run_quantize(const QuantizeOptions& o) {
 
   uint64_t total_in = 0;
   for (const auto& pw : plan.weights) total_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
-  spdlog::info("quantizing {} weights ({}) of {}: {} INT{} block {} -> {}", plan.weights.size(),
-               human_bytes(total_in), o.onnx_path, o.algo, 4, o.block_size, format_name(format));
+  int64_t n_int8 = 0;
+  for (const auto& pw : plan.weights) n_int8 += pw.bits == 8;
+  spdlog::info("quantizing {} weights ({}) of {}: {} INT4 block {}{} -> {}", plan.weights.size(),
+               human_bytes(total_in), o.onnx_path, o.algo, o.block_size,
+               n_int8 ? " + " + std::to_string(n_int8) + " INT8 per channel" : std::string(), format_name(format));
   const bool zero_point = o.use_zero_point && !(clip && !awq && modelopt_mode);  // ModelOpt's awq_clip: INT4
   std::map<std::string, std::vector<float>> column_divisors;
   if (awq) column_divisors = place_awq_scales(*model, plan, choices, rewriter, !o.awqlite_disable_fuse_nodes);
@@ -279,6 +288,7 @@ int run_quantize(const QuantizeOptions& o) {
                        {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)},
                        {"bytes_out", bytes},
                        {"seconds", secs}});
+    if (mixed.per_weight.count(pw.weight)) weights.back()["mixed"] = mixed.per_weight.at(pw.weight);
     if (awq) {
       const AwqChoice& c = choices.at(pw.weight);
       weights.back()["awq_alpha"] = c.alpha;
@@ -305,7 +315,8 @@ int run_quantize(const QuantizeOptions& o) {
   auto* meta = model->proto().add_metadata_props();
   meta->set_key("nibble.quantization");
   meta->set_value("algo=" + o.algo + " format=" + format_name(format) + " block_size=" + std::to_string(o.block_size) +
-                  " zero_point=" + (zero_point ? "1" : "0"));
+                  " zero_point=" + (zero_point ? "1" : "0") +
+                  (mixed.strategy.empty() ? "" : " mixed=" + mixed.strategy + " int8=" + std::to_string(n_int8)));
   writer.commit(model->proto());
   const auto companions = copy_genai_companions(model->path(), writer.out_path(), o.force);
 
@@ -340,6 +351,7 @@ int run_quantize(const QuantizeOptions& o) {
           {"seconds", secs},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"genai_files", companions}}}};
+    if (!mixed.strategy.empty()) report["summary"]["mixed"] = mixed.summary;
     write_json_file(o.report, report);
   }
   return 0;

@@ -27,6 +27,8 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"batch_size", o.batch_size},
           {"enable_mixed_quant", o.enable_mixed_quant},
           {"layers_8bit", o.layers_8bit},
+          {"mixed_strategy", o.mixed_strategy},
+          {"mixed_budget", o.mixed_budget},
           {"nodes_to_exclude", o.nodes_to_exclude},
           {"device", o.device},
           {"threads", o.threads}};

@@ -12,6 +12,24 @@ std::vector<uint8_t> encode_floats(DType t, const std::vector<float>& v) {
   return out;
 }
 
+int64_t matmulnbits_layout_block(const PlannedWeight& pw, const kernels::QuantSpec& spec) {
+  if (pw.block >= 0) return spec.block;
+  const int64_t K = pw.K();
+  int64_t pow2 = 16;
+  while (pow2 < K) pow2 *= 2;
+  if (spec.bits != 8) return pow2;
+  const int64_t dsz = int64_t(dtype_size(pw.dtype));
+  int64_t best = pow2, best_cost = -1;
+  for (int64_t b = pow2; b >= 16; b /= 2) {  // ties go to the larger block
+    const int64_t G = (K + b - 1) / b, cost = G * b + G * dsz * (spec.zero_point ? 2 : 1);
+    if (best_cost < 0 || cost < best_cost) {
+      best = b;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
 namespace {
 
 void set_int_attr(onnx::NodeProto& n, const std::string& name, int64_t v) {
@@ -162,23 +180,38 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
   shape.cols = pw.cols;
   shape.k_axis = pw.k_axis;
   shape.dtype = pw.dtype;
-  const int64_t K = pw.K(), N = pw.N(), G = q.groups;
-  // MatMulNBits wants a power-of-two block >= 16: one per-channel block is padded up to that.
-  int64_t layout_block = spec.block;
-  if (pw.block < 0) {
-    layout_block = 16;
-    while (layout_block < K) layout_block *= 2;
+  const int64_t K = pw.K(), N = pw.N();
+  // MatMulNBits wants a power-of-two block >= 16 (see matmulnbits_layout_block).
+  int64_t layout_block = matmulnbits_layout_block(pw, spec);
+  const kernels::QuantResult* qp = &q;
+  kernels::QuantSpec lspec = spec;
+  kernels::QuantResult rep;
+  if (pw.block < 0 && layout_block < K) {  // per channel in several blocks: repeat its scale
+    const int64_t Gl = kernels::num_blocks(K, layout_block);
+    rep.codes = q.codes;
+    rep.groups = Gl;
+    rep.scales.resize(size_t(Gl * N));
+    if (spec.zero_point) rep.zero_points.resize(size_t(Gl * N));
+    for (int64_t g = 0; g < Gl; ++g)
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = size_t(pw.k_axis == 0 ? g * N + n : n * Gl + g);
+        rep.scales[i] = q.scales[size_t(n)];
+        if (spec.zero_point) rep.zero_points[i] = q.zero_points[size_t(n)];
+      }
+    lspec.block = layout_block;
+    qp = &rep;
   }
+  const int64_t G = qp->groups;
   const std::string b = unique_name(pw.weight + "_Q4");
   add_initializer(b, int(DType::kUInt8), {N, G, layout_block * spec.bits / 8},
-                  kernels::pack_matmulnbits_weight(shape, spec, q, layout_block));
+                  kernels::pack_matmulnbits_weight(shape, lspec, *qp, layout_block));
   const std::string scales = unique_name(pw.weight + "_scales");
-  add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, kernels::matmulnbits_scales(shape, q)));
+  add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, kernels::matmulnbits_scales(shape, *qp)));
   std::string zps;
   if (spec.zero_point) {
     zps = unique_name(pw.weight + "_zero_points");
     const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
-    add_initializer(zps, int(DType::kUInt8), {N, row}, kernels::pack_matmulnbits_zero_points(shape, spec, q));
+    add_initializer(zps, int(DType::kUInt8), {N, row}, kernels::pack_matmulnbits_zero_points(shape, lspec, *qp));
   }
   for (int i : pw.nodes) {
     const onnx::NodeProto& old = model_.graph().node(i);

@@ -75,6 +75,11 @@ class GraphRewriter {
   bool used_dq_ = false, used_contrib_ = false;
 };
 
+// MatMulNBits block of a weight: its block; per channel, 4 bits: the power of two >= max(16, K)
+// (one padded block); 8 bits: the power-of-two block >= 16 with the fewest bytes, the channel's
+// scale repeated in each block (K = 576 takes 9 blocks of 64 instead of one of 1024).
+int64_t matmulnbits_layout_block(const PlannedWeight& pw, const kernels::QuantSpec& spec);
+
 // Bytes of a float vector in dtype t (values must be representable in t).
 std::vector<uint8_t> encode_floats(DType t, const std::vector<float>& v);
 

@@ -75,7 +75,7 @@ TEST(Backend, FastRtnEqualsReferenceBitForBit) {
   std::normal_distribution<float> d;
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
     for (int k_axis : {0, 1})
-      for (int64_t bs : {16, 32, 128, 75})
+      for (int64_t bs : {16, 32, 128, 75, 300})  // 300 = K: one block per channel (INT8 layers)
         for (int bits : {4, 8})
           for (bool zp : {false, true}) {
             const int64_t K = 300, N = 270;  // not multiples of the tiles or the blocks
@@ -114,19 +114,21 @@ TEST(Backend, FastWeightedSearchEqualsReference) {
   std::normal_distribution<float> d;
   const std::vector<float> ratios = {1.0f, 0.9f, 0.875f, 0.75f, 0.5f};
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
-    for (bool zp : {false, true}) {
+    for (bool zp : {false, true})
+    for (int bits : {4, 8}) {
       const int64_t K = 200, N = 300;
+      const int64_t bs = bits == 4 ? 64 : K;  // INT8 layers: per channel
       std::vector<float> f(static_cast<size_t>(K * N)), energy(static_cast<size_t>(K));
       for (auto& v : f) v = d(rng);
       for (auto& e : energy) e = std::fabs(d(rng)) + 0.01f;
       std::vector<uint16_t> h(f.size());
       for (size_t i = 0; i < f.size(); ++i) h[i] = t == DType::kFloat16 ? float_to_half(f[i]) : float_to_bf16(f[i]);
       WeightMatrix w{t, t == DType::kFloat32 ? static_cast<const void*>(f.data()) : h.data(), K, N, 0};
-      QuantSpec spec{4, 64, zp};
+      QuantSpec spec{bits, bs, zp};
       QuantResult ref, fast;
       rtn_quantize_weighted(w, spec, energy.data(), ratios, ref);
       rtn_quantize_weighted_fast(w, spec, energy.data(), ratios, fast);
-      SCOPED_TRACE(dtype_name(t) + (zp ? " zp" : " sym"));
+      SCOPED_TRACE(dtype_name(t) + (zp ? " zp" : " sym") + " bits " + std::to_string(bits));
       ASSERT_EQ(ref.codes, fast.codes);
       ASSERT_EQ(ref.scales, fast.scales);
       ASSERT_EQ(ref.zero_points, fast.zero_points);
@@ -137,10 +139,10 @@ TEST(Backend, FastWeightedSearchEqualsReference) {
         double e = 0;
         for (int64_t k = 0; k < K; ++k)
           for (int64_t n = 0; n < N; ++n) {
-            const size_t pi = size_t((k / 64) * N + n);
+            const size_t pi = size_t((k / bs) * N + n);
             BlockParams p{q.scales[pi], zp ? q.zero_points[pi] : uint8_t(0)};
             const float x = load_float(t, w.data, size_t(k * N + n));
-            const double dd = x - round_to(t, dequantize_value(q.codes[size_t(k * N + n)], p, 4, zp));
+            const double dd = x - round_to(t, dequantize_value(q.codes[size_t(k * N + n)], p, bits, zp));
             e += energy[size_t(k)] * dd * dd;
           }
         return e;

@@ -1,0 +1,407 @@
+#include "host/mixed_precision.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <regex>
+
+#include "host/progress.h"
+#include "host/rewrite.h"
+#include "kernels/cpu/awq_ref.h"
+#include "loaders/error.h"
+#include "loaders/tensor_view.h"
+
+namespace nibble {
+namespace {
+
+std::vector<std::string> tokens(const std::string& s) {
+  std::string t = s;
+  if (!t.empty() && t[0] == '/') t = t.substr(1);  // Python lstrip("/") strips every leading '/'
+  while (!t.empty() && t[0] == '/') t = t.substr(1);
+  std::replace(t.begin(), t.end(), '/', '.');
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= t.size(); ++i)
+    if (i == t.size() || t[i] == '.') {
+      out.push_back(t.substr(start, i - start));  // empty tokens kept, as str.split does
+      start = i + 1;
+    }
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  size_t a = 0, b = s.size();
+  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
+  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
+  return s.substr(a, b - a);
+}
+
+// ModelOpt's layer_info key is the weight; with several consumer nodes the last one decides.
+std::string deciding_node(const OnnxModel& model, const PlannedWeight& pw) {
+  return model.proto().graph().node(pw.nodes.back()).name();
+}
+
+void set_int8(PlannedWeight& pw) {
+  pw.bits = 8;
+  pw.block = -1;
+}
+
+}  // namespace
+
+uint64_t tensor_output_bytes(uint64_t n, SizeMode mode) {
+  if (mode == SizeMode::kPayload) return n;
+  // Small tensors stay inline in the graph; big ones are aligned (up to 4095 bytes of padding).
+  if (n < ModelWriter::kInlineThreshold) return n + 64;
+  const uint64_t pad = n >= 4096 ? (mode == SizeMode::kBound ? 4095 : 2048) : (mode == SizeMode::kBound ? 63 : 32);
+  return n + pad + 128;
+}
+
+bool mixed_enabled(const QuantizeOptions& o) {
+  return o.enable_mixed_quant || !o.layers_8bit.empty() || !o.mixed_strategy.empty();
+}
+
+std::string mixed_strategy(const QuantizeOptions& o) {
+  if (!mixed_enabled(o)) return "";
+  if (!o.layers_8bit.empty()) return "layers_8bit";
+  return o.mixed_strategy.empty() ? "modelopt" : o.mixed_strategy;
+}
+
+bool mixed_needs_calibration(const QuantizeOptions& o) { return mixed_strategy(o) == "sensitivity"; }
+
+void validate_mixed_options(const QuantizeOptions& o) {
+  if (!o.mixed_strategy.empty() && o.mixed_strategy != "modelopt" && o.mixed_strategy != "sensitivity")
+    throw Error("--mixed_strategy " + o.mixed_strategy + " is unknown (choose modelopt or sensitivity)");
+  if (!o.layers_8bit.empty()) {
+    parse_layers_8bit(o.layers_8bit);
+    if (o.mixed_strategy == "sensitivity")
+      throw Error("--layers_8bit names the INT8 layers itself: it cannot be combined with --mixed_strategy sensitivity");
+  }
+  if (!o.mixed_budget.empty()) {
+    parse_mixed_budget(o.mixed_budget);
+    if (mixed_strategy(o) != "sensitivity")
+      throw Error("--mixed_budget applies to --mixed_strategy sensitivity only");
+  }
+}
+
+std::vector<std::string> parse_layers_8bit(const std::string& s) {
+  static const std::regex valid(R"(^\s*[/a-zA-Z0-9_.\-]+(\s*,\s*[/a-zA-Z0-9_.\-]+)*\s*$)");
+  if (!std::regex_match(s, valid))
+    throw Error("--layers_8bit '" + s +
+                "' is not a comma-separated list of layer names (letters, digits, '/', '.', '_', '-'), "
+                "e.g. layers.0,mlp/down_proj");
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == ',') {
+      std::string p = trim(s.substr(start, i - start));
+      if (!p.empty()) out.push_back(p);
+      start = i + 1;
+    }
+  return out;
+}
+
+bool layer_matches(const std::string& node_name, const std::string& pattern) {
+  const auto hay = tokens(node_name), needle = tokens(pattern);
+  if (needle.size() > hay.size()) return false;
+  for (size_t i = 0; i + needle.size() <= hay.size(); ++i)
+    if (std::equal(needle.begin(), needle.end(), hay.begin() + long(i))) return true;
+  return false;
+}
+
+std::set<std::string> modelopt_default_8bit_nodes(const onnx::GraphProto& g) {
+  static const std::vector<std::regex> patterns = {
+      std::regex(R"(^/model/layers\.(\d+)/attn/qkv_proj/MatMul$)"),
+      std::regex(R"(^/model/layers\.(\d+)/attn/v_proj/MatMul$)"),
+      std::regex(R"(^/model/layers\.(\d+)/self_attn/qkv_proj/MatMul$)"),
+      std::regex(R"(^/model/layers\.(\d+)/self_attn/v_proj/MatMul$)"),
+      std::regex(R"(^/model/layers\.(\d+)/mlp/down_proj/MatMul$)"),
+  };
+  // Groups in order of first appearance; members in graph order (ModelOpt's sort key is always 0).
+  std::vector<std::string> group_order;
+  std::map<std::string, std::vector<std::string>> groups;
+  for (const auto& n : g.node()) {
+    if (n.op_type() != "MatMul" && n.op_type() != "Gemm") continue;
+    if (n.name().find("lm_head") != std::string::npos) continue;
+    bool hit = false;
+    for (const auto& re : patterns)
+      if (std::regex_match(n.name(), re)) hit = true;
+    if (!hit) continue;
+    std::vector<std::string> parts;
+    size_t start = 0;
+    const std::string& name = n.name();
+    for (size_t i = 0; i <= name.size(); ++i)
+      if (i == name.size() || name[i] == '/') {
+        parts.push_back(name.substr(start, i - start));
+        start = i + 1;
+      }
+    const std::string key = parts.size() >= 3 ? parts[parts.size() - 3] + "." + parts[parts.size() - 2] : name;
+    if (!groups.count(key)) group_order.push_back(key);
+    groups[key].push_back(name);
+  }
+  std::set<std::string> out;
+  for (const auto& key : group_order) {
+    const auto& names = groups[key];
+    const int64_t n = int64_t(names.size()), e = n / 8;
+    for (int64_t i = 0; i < n; ++i)
+      if (i < e || i >= n - e || (i - e) % 3 == 0) out.insert(names[size_t(i)]);
+  }
+  return out;
+}
+
+MixedBudget parse_mixed_budget(const std::string& s) {
+  const std::string t = trim(s);
+  auto bad = [&]() {
+    return Error("--mixed_budget '" + s +
+                 "' is neither a share of the weights in [0, 1] nor an output size like 300MB");
+  };
+  if (t.empty()) throw bad();
+  const char* begin = t.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(v)) throw bad();
+  std::string unit = trim(std::string(end));
+  MixedBudget b;
+  if (unit.empty()) {
+    if (v < 0 || v > 1)
+      throw Error("--mixed_budget " + s + " is out of range: a share must be in [0, 1] (or give a size like 300MB)");
+    b.is_share = true;
+    b.share = v;
+    return b;
+  }
+  std::string u;
+  for (char c : unit) u += char(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> units = {
+      {"b", 1.0},      {"kb", 1e3},          {"mb", 1e6},          {"gb", 1e9},          {"tb", 1e12},
+      {"k", 1e3},      {"m", 1e6},           {"g", 1e9},           {"kib", 1024.0},      {"mib", 1048576.0},
+      {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  auto it = units.find(u);
+  if (it == units.end()) throw bad();
+  const double bytes = v * it->second;
+  if (!(bytes > 0) || bytes > 1e18) throw Error("--mixed_budget " + s + " is out of range: a size must be positive");
+  b.bytes = uint64_t(bytes);
+  return b;
+}
+
+uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, bool zp,
+                             SizeMode mode) {
+  const uint64_t K = uint64_t(pw.K()), N = uint64_t(pw.N()), el = K * N;
+  const uint64_t dsz = dtype_size(pw.dtype);
+  const bool per_channel = bits == 8 || block < 0;
+  const uint64_t bs = per_channel ? K : uint64_t(block);
+  const uint64_t G = (K + bs - 1) / bs;
+  uint64_t total = mode == SizeMode::kPayload ? 0 : 256;  // nodes and tensor protos
+  auto add = [&](uint64_t n) { total += tensor_output_bytes(n, mode); };
+  if (format == Format::kMatMulNBits) {
+    kernels::QuantSpec spec{bits, int64_t(bs), zp};
+    PlannedWeight as = pw;
+    as.bits = bits;
+    as.block = per_channel ? -1 : block;
+    const int64_t lb = matmulnbits_layout_block(as, spec);
+    const uint64_t Gl = (K + uint64_t(lb) - 1) / uint64_t(lb);
+    add(N * Gl * uint64_t(lb) * uint64_t(bits) / 8);
+    add(N * Gl * dsz);
+    if (zp) add(N * (bits == 8 ? Gl : (Gl + 1) / 2));
+    return total;
+  }
+  if (format == Format::kQdq) add(el * dsz);  // the float weight stays
+  else add(bits == 4 ? (el + 1) / 2 : el);
+  add(G * N * dsz);
+  if (zp || format == Format::kQdq) add(bits == 4 ? (G * N + 1) / 2 : G * N);
+  return total;
+}
+
+void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, MixedOutcome* out) {
+  const std::string strategy = mixed_strategy(o);
+  out->strategy = strategy;
+  std::vector<std::string> patterns;
+  std::set<std::string> defaults;
+  if (strategy == "layers_8bit") {
+    patterns = parse_layers_8bit(o.layers_8bit);
+  } else {
+    defaults = modelopt_default_8bit_nodes(model.proto().graph());
+    patterns.assign(defaults.begin(), defaults.end());  // ModelOpt matches its own set the same way
+  }
+  int64_t n8 = 0;
+  for (auto& pw : plan.weights) {
+    const std::string node = deciding_node(model, pw);
+    std::string hit;
+    for (const auto& p : patterns)
+      if (layer_matches(node, p)) {
+        hit = p;
+        break;
+      }
+    nlohmann::json j;
+    if (!hit.empty()) {
+      set_int8(pw);
+      ++n8;
+      j["precision"] = 8;
+      j["why"] = strategy == "layers_8bit"
+                     ? "--layers_8bit pattern '" + hit + "' matches node " + node
+                     : "ModelOpt's default choice (qkv/v/down projections: first and last n/8 of the group, "
+                       "every third between) selects " + hit;
+    } else {
+      j["precision"] = 4;
+      j["why"] = strategy == "layers_8bit" ? "no --layers_8bit pattern matches node " + node
+                                           : "not in ModelOpt's default INT8 set";
+    }
+    out->per_weight[pw.weight] = j;
+  }
+  out->summary = {{"strategy", strategy}, {"int8_weights", n8}, {"int4_weights", int64_t(plan.weights.size()) - n8}};
+  if (strategy == "modelopt" && defaults.empty())
+    spdlog::warn("--enable_mixed_quant: no node is named like ORT-GenAI's /model/layers.N/(self_)attn/qkv_proj|v_proj "
+                 "or mlp/down_proj MatMul, so ModelOpt's default choice keeps every weight at 4 bits "
+                 "(use --layers_8bit or --mixed_strategy sensitivity)");
+  spdlog::info("mixed precision ({}): {} of {} weights INT8", strategy, n8, plan.weights.size());
+}
+
+void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                             Format format, std::map<std::string, AwqChoice>* choices, MixedOutcome* out) {
+  out->strategy = "sensitivity";
+  const bool awq = choices != nullptr;
+  const bool modelopt_awq = o.awq_mode == "modelopt";
+  const bool zp = o.use_zero_point;
+  const size_t W = plan.weights.size();
+
+  // Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (awq_loss · N).
+  std::vector<double> e4(W, 0), e8(W, 0);
+  for (const auto& [act, idx] : plan.siblings) {
+    const kernels::ActivationStats st = calib.stats(act, modelopt_awq);
+    std::vector<float> g32(size_t(st.K * st.K));
+    for (size_t i = 0; i < g32.size(); ++i) g32[i] = float(st.gram[i]);
+    for (size_t i : idx) {
+      const PlannedWeight& pw = plan.weights[i];
+      TensorView v = model.view(*model.initializer(pw.weight));
+      kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis};
+      const std::vector<float> w_kn = kernels::logical_weight(w);
+      std::vector<float> ones(size_t(pw.K()), 1.0f);
+      const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
+      const std::vector<float>* clip = awq && !modelopt_awq ? &block_clip_ratios() : nullptr;
+      kernels::QuantSpec s4{4, pw.resolved_block(), zp};
+      kernels::QuantSpec s8{8, pw.K(), zp};
+      e4[i] = kernels::awq_loss(w, w_kn, s, s4, g32.data(), st.rows, clip) * double(pw.N());
+      e8[i] = kernels::awq_loss(w, w_kn, s, s8, g32.data(), st.rows, clip) * double(pw.N());
+      model.release(v);
+    }
+  }
+
+  // Sizes (see SizeMode): an explicit size budget is checked against the upper bound of our file;
+  // the default budget is the size of ModelOpt's choice written without padding (as ModelOpt
+  // writes it), checked against our expected size, so that nibble's file is no larger.
+  MixedBudget budget;
+  if (!o.mixed_budget.empty()) budget = parse_mixed_budget(o.mixed_budget);
+  const SizeMode mode = o.mixed_budget.empty() ? SizeMode::kExpected : SizeMode::kBound;
+  uint64_t fixed = uint64_t(model.proto().ByteSizeLong()), fixed_payload = fixed;
+  std::set<std::string> planned;
+  for (const auto& pw : plan.weights)
+    if (!pw.keep_float && format != Format::kQdq) planned.insert(pw.weight);
+  for (const auto& t : model.proto().graph().initializer())
+    if (t.data_location() == onnx::TensorProto::EXTERNAL && !planned.count(t.name())) {
+      fixed += tensor_output_bytes(expected_nbytes(t), mode);
+      fixed_payload += expected_nbytes(t);
+    }
+  std::vector<uint64_t> b4(W), b8(W), p4(W), p8(W);
+  uint64_t all4 = fixed, elems = 0;
+  for (size_t i = 0; i < W; ++i) {
+    const auto& pw = plan.weights[i];
+    b4[i] = weight_output_bytes(pw, 4, pw.block, format, zp, mode);
+    b8[i] = weight_output_bytes(pw, 8, -1, format, zp, mode);
+    p4[i] = weight_output_bytes(pw, 4, pw.block, format, zp, SizeMode::kPayload);
+    p8[i] = weight_output_bytes(pw, 8, -1, format, zp, SizeMode::kPayload);
+    all4 += b4[i];
+    elems += uint64_t(pw.rows * pw.cols);
+  }
+
+  // The budget: a share of the elements, an output size, or (default) the size of ModelOpt's choice.
+  std::string budget_desc;
+  if (!o.mixed_budget.empty()) {
+    budget_desc = o.mixed_budget;
+  } else {
+    const std::set<std::string> mo_nodes = modelopt_default_8bit_nodes(model.proto().graph());
+    budget.bytes = fixed_payload;
+    int64_t n_mo = 0;
+    for (size_t i = 0; i < W; ++i) {
+      const auto& pw = plan.weights[i];
+      bool hit = false;
+      for (const auto& p : mo_nodes) hit = hit || layer_matches(deciding_node(model, pw), p);
+      budget.bytes += hit ? p8[i] : p4[i];
+      n_mo += hit;
+    }
+    budget_desc = "size of ModelOpt's default choice (" + std::to_string(n_mo) + " INT8 weights), " +
+                  std::to_string(budget.bytes) + " bytes";
+    if (n_mo == 0)
+      spdlog::warn("--mixed_strategy sensitivity: ModelOpt's default choice selects no weight of this model (its "
+                   "names are not ORT-GenAI's), so the default budget allows no INT8 weight; set --mixed_budget");
+  }
+
+  // Greedy: largest error reduction per extra byte first; a weight that does not fit is skipped.
+  std::vector<size_t> order(W);
+  std::iota(order.begin(), order.end(), 0);
+  auto gain_per_byte = [&](size_t i) {
+    const double extra = double(p8[i] > p4[i] ? p8[i] - p4[i] : 1);
+    return (e4[i] - e8[i]) / extra;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return gain_per_byte(a) > gain_per_byte(b); });
+  uint64_t used = all4, used_elems = 0;
+  const uint64_t elem_budget = budget.is_share ? uint64_t(std::floor(budget.share * double(elems))) : 0;
+  int64_t n8 = 0;
+  std::set<std::string> acts8;
+  for (size_t r = 0; r < W; ++r) {
+    const size_t i = order[r];
+    PlannedWeight& pw = plan.weights[i];
+    const uint64_t el = uint64_t(pw.rows * pw.cols);
+    nlohmann::json j = {{"e4", e4[i]}, {"e8", e8[i]}, {"rank", r + 1}, {"gain_per_byte", gain_per_byte(i)},
+                        {"bytes_int4", p4[i]}, {"bytes_int8", p8[i]}};
+    const bool fits = budget.is_share ? used_elems + el <= elem_budget : used - b4[i] + b8[i] <= budget.bytes;
+    char buf[160];
+    if (!(e4[i] > e8[i])) {
+      std::snprintf(buf, sizeof buf, "rank %zu of %zu: 8 bits do not lower its output error", r + 1, W);
+      j["precision"] = 4;
+    } else if (fits) {
+      std::snprintf(buf, sizeof buf, "rank %zu of %zu by (E4 - E8) / extra byte = %.3g; fits the budget", r + 1, W,
+                    gain_per_byte(i));
+      j["precision"] = 8;
+      set_int8(pw);
+      used = used - b4[i] + b8[i];
+      used_elems += el;
+      ++n8;
+      acts8.insert(pw.activation);
+    } else {
+      std::snprintf(buf, sizeof buf, "rank %zu of %zu by (E4 - E8) / extra byte = %.3g; over the budget", r + 1, W,
+                    gain_per_byte(i));
+      j["precision"] = 4;
+    }
+    j["why"] = buf;
+    out->per_weight[pw.weight] = j;
+  }
+  out->summary = {{"strategy", "sensitivity"},
+                  {"int8_weights", n8},
+                  {"int4_weights", int64_t(W) - n8},
+                  {"budget", budget_desc},
+                  {"budget_bytes", budget.is_share ? nlohmann::json(nullptr) : nlohmann::json(budget.bytes)},
+                  {"budget_share", budget.is_share ? nlohmann::json(budget.share) : nlohmann::json(nullptr)},
+                  {"predicted_output_bytes", used},
+                  {"int8_share", elems ? double(used_elems) / double(elems) : 0.0},
+                  {"all_int4_output_bytes", all4}};
+  spdlog::info("mixed precision (sensitivity): {} of {} weights INT8 ({:.1f}% of the elements), budget {}, "
+               "predicted output {} (all INT4: {})",
+               n8, W, elems ? 100.0 * double(used_elems) / double(elems) : 0.0,
+               budget.is_share ? std::to_string(budget.share) + " of the elements" : human_bytes(budget.bytes),
+               human_bytes(used), human_bytes(all4));
+
+  // AWQ: the INT8 weights (and their siblings, which share s) are searched again at their precision.
+  if (awq && !acts8.empty()) {
+    Plan sub;
+    for (const auto& pw : plan.weights)
+      if (acts8.count(pw.activation)) sub.weights.push_back(pw);
+    for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
+    spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
+    auto again = awq_lite_search(model, sub, calib, o, modelopt_awq);
+    for (auto& [name, c] : again) (*choices)[name] = std::move(c);
+  }
+}
+
+}  // namespace nibble

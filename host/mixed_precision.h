@@ -1,0 +1,75 @@
+// Mixed INT4/INT8 precision (reference spec §7, issue 9): which planned weights get 8 bits.
+//   modelopt     ModelOpt's default choice (§7.1): the qkv/v/down projections of ORT-GenAI-named
+//                graphs, per group the first and last n/8 in graph order and every third between;
+//   layers_8bit  --layers_8bit patterns, matched as token subsequences of node names (§7.2);
+//   sensitivity  nibble's own: each weight's output error at 4 and at 8 bits, E = tr(Dᵀ XᵀX D) from
+//                the calibration Gram matrix, and 8 bits greedily for the weights that gain most
+//                per extra byte, within --mixed_budget (default: the size of the modelopt choice).
+// An 8-bit weight is INT8 per output channel (block = K), as ModelOpt writes it (§7.3).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "host/awq.h"
+#include "host/calibration.h"
+#include "host/options.h"
+#include "host/plan.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+// Whether any INT8 layers are asked for (--enable_mixed_quant, --layers_8bit, --mixed_strategy).
+bool mixed_enabled(const QuantizeOptions& o);
+// "modelopt", "layers_8bit" or "sensitivity" ("" when mixed precision is off).
+std::string mixed_strategy(const QuantizeOptions& o);
+// Whether the strategy needs calibration statistics (sensitivity does, even for RTN).
+bool mixed_needs_calibration(const QuantizeOptions& o);
+// Throws Error (one line) for a bad --layers_8bit, --mixed_strategy or --mixed_budget.
+void validate_mixed_options(const QuantizeOptions& o);
+
+// --layers_8bit: ModelOpt's validation regex, then the comma-separated, stripped patterns.
+std::vector<std::string> parse_layers_8bit(const std::string& s);
+// ModelOpt's should_quantize_to_8bit: strip one leading '/', '/' -> '.', split on '.', and match
+// the pattern's tokens as a contiguous subsequence of the node name's tokens.
+bool layer_matches(const std::string& node_name, const std::string& pattern);
+// ModelOpt's default choice (§7.1) as node names, from every MatMul/Gemm node of the graph.
+std::set<std::string> modelopt_default_8bit_nodes(const onnx::GraphProto& g);
+
+// A --mixed_budget: a share of the quantized elements (0..1) or an output size in bytes.
+struct MixedBudget {
+  bool is_share = false;
+  double share = 0;
+  uint64_t bytes = 0;
+};
+// "0.25" -> share; "300MB", "1.5GiB", "123456B" -> bytes (KB/MB/GB decimal, KiB/MiB/GiB binary).
+MixedBudget parse_mixed_budget(const std::string& s);
+
+// How tensor sizes are counted: the payload alone (what ModelOpt's unpadded file holds), with the
+// expected alignment padding and protobuf overhead (the writer aligns tensors >= 4 KiB to 4096
+// bytes: 2048 on average), or with its upper bound (4095), which an explicit size budget uses.
+enum class SizeMode { kPayload, kExpected, kBound };
+uint64_t tensor_output_bytes(uint64_t n, SizeMode mode);
+// Bytes a weight adds to the output at `bits` (8: per channel) in `format`.
+uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, bool zero_point,
+                             SizeMode mode);
+
+// What the report says about each weight, and the summary.
+struct MixedOutcome {
+  std::string strategy;
+  std::map<std::string, nlohmann::json> per_weight;  // weight -> {precision, why, e4, e8, ...}
+  nlohmann::json summary = nlohmann::json::object();
+};
+
+// Sets bits = 8, block = -1 on the planned weights chosen by the modelopt / layers_8bit strategies.
+void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, MixedOutcome* out);
+
+// The sensitivity strategy, after calibration. For AWQ, `choices` holds the 4-bit search; the
+// weights that end at 8 bits (and their siblings) are searched again at their precision.
+void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                             Format format, std::map<std::string, AwqChoice>* choices, MixedOutcome* out);
+
+}  // namespace nibble

@@ -1,0 +1,101 @@
+// Mixed precision (issue 9): ModelOpt's default INT8 layer choice (reference §7.1), --layers_8bit
+// matching (§7.2) and --mixed_budget parsing.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "host/mixed_precision.h"
+#include "loaders/error.h"
+
+using namespace nibble;
+
+namespace {
+
+onnx::GraphProto genai_graph(int layers) {
+  onnx::GraphProto g;
+  auto add = [&](const std::string& name, const std::string& op = "MatMul") {
+    auto* n = g.add_node();
+    n->set_name(name);
+    n->set_op_type(op);
+  };
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = "/model/layers." + std::to_string(i);
+    add(p + "/attn/qkv_proj/MatMul");
+    add(p + "/attn/o_proj/MatMul");
+    add(p + "/mlp/gate_proj/MatMul");
+    add(p + "/mlp/up_proj/MatMul");
+    add(p + "/mlp/down_proj/MatMul");
+    add(p + "/mlp/act/Mul", "Mul");
+  }
+  add("/lm_head/MatMul");
+  return g;
+}
+
+std::set<int> layers_of(const std::set<std::string>& nodes, const std::string& role) {
+  std::set<int> out;
+  for (const auto& n : nodes)
+    if (n.find(role) != std::string::npos) {
+      const size_t a = n.find("layers.") + 7;
+      out.insert(std::stoi(n.substr(a, n.find('/', a) - a)));
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST(Mixed, ModelOptDefaultChoice) {
+  // §7.1's lists: first and last floor(n/8), every third between (phase 0).
+  const std::map<int, std::set<int>> expected = {
+      {16, {0, 1, 2, 5, 8, 11, 14, 15}},
+      {28, {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 25, 26, 27}},
+      {32, {0, 1, 2, 3, 4, 7, 10, 13, 16, 19, 22, 25, 28, 29, 30, 31}},
+      {3, {0}},
+  };
+  for (const auto& [n, layers] : expected) {
+    const auto nodes = modelopt_default_8bit_nodes(genai_graph(n));
+    SCOPED_TRACE("n = " + std::to_string(n));
+    EXPECT_EQ(layers_of(nodes, "/attn/qkv_proj/"), layers);
+    EXPECT_EQ(layers_of(nodes, "/mlp/down_proj/"), layers);
+    EXPECT_EQ(nodes.size(), 2 * layers.size());  // nothing else: no o/gate/up, no lm_head
+  }
+  // Other naming: nothing.
+  onnx::GraphProto g;
+  auto* n = g.add_node();
+  n->set_name("/blocks.0/ffn/MatMul");
+  n->set_op_type("MatMul");
+  EXPECT_TRUE(modelopt_default_8bit_nodes(g).empty());
+}
+
+TEST(Mixed, LayerMatchingIsATokenSubsequence) {
+  EXPECT_TRUE(layer_matches("/model/layers.1/attn/qkv_proj/MatMul", "layers.1"));
+  EXPECT_FALSE(layer_matches("/model/layers.10/attn/qkv_proj/MatMul", "layers.1"));
+  EXPECT_TRUE(layer_matches("/model/layers.10/mlp/down_proj/MatMul", "mlp/down_proj"));
+  EXPECT_TRUE(layer_matches("/model/layers.10/mlp/down_proj/MatMul", "down_proj"));
+  EXPECT_FALSE(layer_matches("/model/layers.10/mlp/down_proj/MatMul", "down"));
+  EXPECT_TRUE(layer_matches("/model/layers.0/attn/qkv_proj/MatMul", "model/layers.0/attn/qkv_proj"));
+  EXPECT_TRUE(layer_matches("/model/layers.0/attn/qkv_proj/MatMul", "/model/layers.0/attn/qkv_proj/MatMul"));
+  EXPECT_FALSE(layer_matches("/model/layers.0/attn/qkv_proj/MatMul", "layers.0.mlp"));
+}
+
+TEST(Mixed, LayersOptionIsValidated) {
+  EXPECT_EQ(parse_layers_8bit(" layers.0 , mlp/down_proj,lm_head "),
+            (std::vector<std::string>{"layers.0", "mlp/down_proj", "lm_head"}));
+  EXPECT_THROW(parse_layers_8bit("layers.0;rm"), Error);
+  EXPECT_THROW(parse_layers_8bit("layers.0,,x"), Error);
+  EXPECT_THROW(parse_layers_8bit(","), Error);
+}
+
+TEST(Mixed, BudgetParsing) {
+  auto b = parse_mixed_budget("0.25");
+  EXPECT_TRUE(b.is_share);
+  EXPECT_DOUBLE_EQ(b.share, 0.25);
+  EXPECT_TRUE(parse_mixed_budget("1").is_share);
+  EXPECT_TRUE(parse_mixed_budget("0").is_share);
+  EXPECT_EQ(parse_mixed_budget("300MB").bytes, 300000000u);
+  EXPECT_EQ(parse_mixed_budget("1.5 GiB").bytes, 1610612736u);
+  EXPECT_EQ(parse_mixed_budget("4096b").bytes, 4096u);
+  for (const char* bad : {"", "1.5", "-0.1", "abc", "12XB", "nan", "-5MB", "MB"})
+    EXPECT_THROW(parse_mixed_budget(bad), Error) << bad;
+}

@@ -10,6 +10,7 @@
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/cpu/clip_ref.h"
 #include "kernels/cpu/rtn_fast.h"
+#include "host/mixed_precision.h"
 #include "loaders/error.h"
 
 namespace nibble {
@@ -40,9 +41,10 @@ Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan)
   Calibration::Extras e;
   if (o.algo != "awq_clip" && o.algo != "awq_full") return e;
   if (o.awq_mode == "modelopt") e.sample_tokens = kClipMaxTokens;
-  // awq_full's scale search needs the whole Gram matrix; so does nibble mode with a per-channel block
-  // (B = K). ModelOpt's awq_clip reads no Gram at all: the small block-diagonal saves the memory.
-  if (o.algo != "awq_clip" || o.block_size <= 0) return e;
+  // awq_full's scale search needs the whole Gram matrix; so do nibble mode with a per-channel block
+  // (B = K) and the sensitivity measure of mixed precision. Otherwise ModelOpt's awq_clip reads no
+  // Gram at all, and the small block-diagonal saves the memory.
+  if (o.algo != "awq_clip" || o.block_size <= 0 || mixed_needs_calibration(o)) return e;
   for (const auto& pw : plan.weights)
     if (pw.resolved_block() != o.block_size) return e;
   e.gram_block = o.block_size;

@@ -125,7 +125,8 @@ int run_quantize(const QuantizeOptions& o) {
                 " skipped; see `nibble inspect`)");
   for (const auto& s : plan.skipped) spdlog::debug("skip {} ({}): {}", s.node, s.op_type, s.reason);
   MixedOutcome mixed;  // INT8 layers (issue 9): static strategies now, sensitivity after calibration
-  if (mixed_enabled(o) && !mixed_needs_calibration(o)) apply_static_mixed(*model, plan, o, &mixed);
+  const bool sensitivity = mixed_needs_calibration(o);  // measured on the calibration data
+  if (mixed_enabled(o) && !sensitivity) apply_static_mixed(*model, plan, o, &mixed);
 
   const Format format = o.resolved_format();
   // Opset problems must surface before any work: matmulnbits may fall back to dq for a Gemm.
@@ -151,7 +152,7 @@ int run_quantize(const QuantizeOptions& o) {
   std::map<std::string, AwqChoice> choices, per_node;
   std::unique_ptr<Calibration> calib;
   std::unique_ptr<ClipSearch> clipper;
-  if (awq || clip || mixed_needs_calibration(o)) {
+  if (awq || clip || sensitivity) {
     if (!o.force) {  // fail before minutes of calibration, not after
       std::error_code ec;
       if (std::filesystem::exists(o.output_path, ec))
@@ -160,9 +161,7 @@ int run_quantize(const QuantizeOptions& o) {
     std::vector<Calibration::Request> acts;
     for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
     const auto tc = clock::now();
-    Calibration::Extras extras = clip_calibration(o, plan);
-    if (mixed_needs_calibration(o)) extras.gram_block = 0;  // the sensitivity measure reads the whole Gram
-    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode, extras);
+    calib = Calibration::run(o, model->path(), acts, /*mask_padding=*/!modelopt_mode, clip_calibration(o, plan));
     spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", calib->tokens(), acts.size(),
                  std::chrono::duration<double>(clock::now() - tc).count());
     const auto ts = clock::now();
@@ -171,7 +170,7 @@ int run_quantize(const QuantizeOptions& o) {
     if (awq)
       spdlog::info("awq-lite search ({} mode): {:.1f} s", o.awq_mode,
                    std::chrono::duration<double>(clock::now() - ts).count());
-    if (mixed_needs_calibration(o))
+    if (sensitivity)
       apply_sensitivity_mixed(*model, plan, *calib, o, format, awq ? &choices : nullptr, &mixed);
     if (clip) {
       const auto tk = clock::now();

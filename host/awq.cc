@@ -46,23 +46,32 @@ Loaded load(OnnxModel& model, const PlannedWeight& pw) {
   return l;
 }
 
-// The Gram matrix of the activation as fp32 for sgemm, converted once per activation.
+// The Gram matrix of the activation as fp32 for sgemm, converted once per activation; in nibble mode
+// also its Cholesky factor (the loss then costs one triangular product, half a GEMM).
 class GramCache {
  public:
+  explicit GramCache(bool cholesky) : cholesky_(cholesky) {}
+
   const float* get(Calibration& calib, const std::string& act, bool numpy_mean, kernels::ActivationStats* stats) {
     *stats = calib.stats(act, numpy_mean);
     if (act != name_) {
       const size_t n = size_t(stats->K * stats->K);
       g32_.resize(n);
       for (size_t i = 0; i < n; ++i) g32_[i] = float(stats->gram[i]);
+      upper_ = cholesky_ ? kernels::gram_cholesky_upper(stats->gram, stats->K) : std::vector<float>{};
+      if (cholesky_ && upper_.empty()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
       name_ = act;
     }
     return g32_.data();
   }
+  // U (XᵀX = UᵀU) of the activation last asked for, or nullptr.
+  const float* upper() const { return upper_.empty() ? nullptr : upper_.data(); }
 
  private:
+  bool cholesky_;
   std::string name_;
   std::vector<float> g32_;
+  std::vector<float> upper_;
 };
 
 kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {
@@ -91,7 +100,7 @@ std::string fmt_losses(const std::vector<double>& l, int best) {
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                  const QuantizeOptions& o, bool modelopt) {
   std::map<std::string, AwqChoice> out;
-  GramCache grams;
+  GramCache grams(!modelopt);
   const size_t total = plan.weights.size();
   size_t done = 0;
   const bool fuse = !o.awqlite_disable_fuse_nodes;
@@ -181,7 +190,7 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
       for (size_t j = 0; j < idx.size(); ++j) {
         const auto& pw = plan.weights[idx[j]];
         loss += kernels::awq_loss(ws[j].w, ws[j].w_kn, scales.back().data(), spec_of(pw, o), g32, st.rows,
-                                  &search_clip_ratios()) *
+                                  &search_clip_ratios(), grams.upper()) *
                 double(pw.N()) / double(n_total);
       }
       c.losses.push_back(loss);

@@ -169,6 +169,10 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
     if (o.no_past_kv_inputs) argv.push_back("--no_past_kv_inputs");
     if (o.use_buffer_share) argv.push_back("--use_buffer_share");
     if (o.use_fp32) argv.push_back("--use_fp32");
+    if (o.threads > 0) {
+      argv.push_back("--threads");
+      argv.push_back(std::to_string(o.threads));
+    }
     for (const auto& [flag, v] : {std::pair{"--sample_tokens", extras.sample_tokens}, {"--gram_block", extras.gram_block}})
       if (v > 0) {
         argv.push_back(flag);

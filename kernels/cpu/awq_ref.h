@@ -32,8 +32,18 @@ std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector
 // The scaled weight is rounded to w.dtype and quantized with `spec` exactly as the final weight.
 // With `clip_ratios`, the weight is quantized as nibble's final weights are: each block picks its
 // clip ratio by the error weighted with diag(XᵀX)[k] / s[k]^2 (rtn_quantize_weighted).
+// With `gram_upper` (gram_cholesky_upper of the same Gram matrix) the loss is ‖U D‖² instead of
+// Σ D ⊙ (G D): one triangular product, half the flops of the GEMM, the same quantity up to float32
+// rounding (nibble mode; modelopt mode keeps the GEMM form its parity was measured with).
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
-                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr);
+                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr,
+                const float* gram_upper = nullptr);
+
+// U with XᵀX = UᵀU (row-major, upper triangle; the strict lower triangle is zero), float32, from a
+// float64 Cholesky factorisation. A Gram matrix that is only semi-definite (a channel that is always
+// zero, fewer tokens than channels) gets a diagonal shift of 1e-12, then 1e-9 of its largest diagonal
+// element, which changes no loss comparison; empty when even that fails (the GEMM form is used then).
+std::vector<float> gram_cholesky_upper(const double* gram, int64_t K);
 
 // W ⊙ s along K in fp32 whatever w.dtype is (nibble mode), stored layout.
 std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s);

@@ -120,6 +120,13 @@ TEST(Backend, FastWeightedSearchEqualsReference) {
       const int64_t bs = bits == 4 ? 64 : K;  // INT8 layers: per channel
       std::vector<float> f(static_cast<size_t>(K * N)), energy(static_cast<size_t>(K));
       for (auto& v : f) v = d(rng);
+      // Exact ties between candidates (the first in the reference's order must win): an all-zero
+      // column, and columns of ±1 and of one repeated value, where both signs of a scale tie.
+      for (int64_t k = 0; k < K; ++k) {
+        f[size_t(k * N)] = 0.0f;
+        f[size_t(k * N + 1)] = (k % 3) ? 1.0f : -1.0f;
+        f[size_t(k * N + 2)] = 0.75f;
+      }
       for (auto& e : energy) e = std::fabs(d(rng)) + 0.01f;
       std::vector<uint16_t> h(f.size());
       for (size_t i = 0; i < f.size(); ++i) h[i] = t == DType::kFloat16 ? float_to_half(f[i]) : float_to_bf16(f[i]);

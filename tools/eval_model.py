@@ -206,6 +206,17 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+def check_json_path(path: str) -> None:
+    """Fails early (before minutes of evaluation) when --json cannot be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise EvalError(f"--json {path}: cannot create the folder {folder} ({e.strerror or e})") from None
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise EvalError(f"--json {path}: cannot write it")
+
+
 def write_json(path: str, obj: dict) -> None:
     p = os.path.abspath(path)
     tmp = p + ".nibble-part"
@@ -247,6 +258,8 @@ def main(argv=None) -> int:
             ort.set_default_logger_severity(3)
         except ImportError:
             raise EvalError("the Python package 'onnxruntime' is not installed (scripts/setup)") from None
+        if a.json:
+            check_json_path(a.json)
         log = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
         res = evaluate(a.model, a.reference, a.text, a.windows, a.seq_len, a.tokenizer, a.accuracy_level or None,
                        a.threads, log)

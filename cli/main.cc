@@ -191,8 +191,7 @@ int main(int argc, char** argv) {
 
   nibble::EvalOptions eval_opts;
   CLI::App* eval = app.add_subcommand(
-      "eval", "Perplexity of a model on a text and, with --reference, the KL divergence of its next-token "
-              "distribution from the reference (float) model's, window by window (ONNX Runtime, project .venv)");
+      "eval", "Perplexity of a model; with --reference, also KL(P_reference || P_model) and top-1 agreement");
   eval->add_option("--model", eval_opts.model, "ONNX model to measure (tokenizer.json beside it)")->required();
   eval->add_option("--reference", eval_opts.reference,
                    "Reference (float) model: adds its perplexity, the mean per-token KL(P_reference || P_model) "

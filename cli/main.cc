@@ -4,9 +4,14 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 
+#include "host/eval.h"
 #include "host/options.h"
 #include "host/pipeline.h"
 #include "kernels/cpu/blas_core.h"
@@ -105,6 +110,53 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_flag("--verbose", o.verbose, "Debug output (skipped nodes and why)");
 }
 
+// Presets (--config FILE, configs/*.toml). CLI11 2.1.2 (Debian 12) reads a config file only for the
+// top-level app: App::_process_config_file() is never called for a subcommand, so
+// `quantize->set_config(...)` parsed the option and silently ignored the file. nibble reads the file
+// itself, with CLI11's own TOML/INI parser, from --config's callback: CLI11 runs option callbacks in
+// the order the options were added, --config first, and checks required options only after every
+// callback, so a preset may give --onnx_path too and the flags that follow see its values.
+// A key is applied only when the command line did not give that flag (the command line wins).
+// Unknown keys, sections other than [quantize], and values that do not convert are errors naming
+// the file; so is a file that cannot be read.
+void apply_config(CLI::App& q, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw CLI::FileError("--config " + path + ": no such file");
+  if (!fs::is_regular_file(path, ec)) throw CLI::FileError("--config " + path + ": not a regular file");
+  std::ifstream in(path);
+  if (!in) throw CLI::FileError("--config " + path + ": cannot read it (" + std::strerror(errno) + ")");
+  CLI::ConfigTOML format;
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = format.from_config(in);
+  } catch (const CLI::Error& e) {
+    throw CLI::ConfigError("--config " + path + ": " + e.what());
+  }
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // a section opens / closes
+    if (!item.parents.empty() && !(item.parents.size() == 1 && item.parents[0] == q.get_name()))
+      throw CLI::ConfigError("--config " + path + ": unknown section or dotted key '" + item.fullname() +
+                             "' (keys are flag names without '--', at the top or under [" + q.get_name() + "])");
+    CLI::Option* op = q.get_option_no_throw("--" + item.name);
+    if (op == nullptr || op == q.get_help_ptr() || op == q.get_option_no_throw("--config"))
+      throw CLI::ConfigError("--config " + path + ": unknown key '" + item.name +
+                             "' (keys are the flag names of `nibble quantize --help` without '--')");
+    if (op->count() > 0) continue;  // given on the command line: the command line wins
+    try {
+      if (op->get_expected_min() == 0) {  // a flag: true/false/1/0
+        op->add_result(op->get_flag_value(item.name, format.to_flag(item)));
+      } else {
+        // An empty TOML array (nodes_to_exclude = []) means an empty list, not "use the default".
+        op->add_result(item.inputs.empty() ? std::vector<std::string>{""} : item.inputs);
+      }
+      op->run_callback();
+    } catch (const CLI::Error& e) {
+      throw CLI::ConfigError("--config " + path + ": " + item.name + ": " + e.what());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,7 +170,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   nibble::QuantizeOptions opts;
   CLI::App* quant = app.add_subcommand("quantize", "Quantize the MatMul/Gemm weights of an ONNX model");
-  quant->set_config("--config", "", "Read flags from a TOML/INI preset (see configs/); command-line flags win");
+  // Added first, so that its callback (which applies the file) runs before every other flag's.
+  quant->add_option_function<std::string>(
+      "--config",
+      [&](const std::string& path) {
+        opts.config = path;
+        apply_config(*quant, path);
+      },
+      "Read flags from a TOML/INI preset (configs/*.toml: key = value, keys are the flag names without "
+      "'--'); flags given on the command line win");
   add_quantize_flags(*quant, opts);
 
   std::string inspect_path;
@@ -129,6 +189,28 @@ int main(int argc, char** argv) {
   inspect->add_option("--nodes_to_exclude", inspect_exclude, "As for quantize")->capture_default_str();
   inspect->add_option("--block_size", inspect_block, "As for quantize")->capture_default_str();
 
+  nibble::EvalOptions eval_opts;
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Perplexity of a model; with --reference, also KL(P_reference || P_model) and top-1 agreement");
+  eval->add_option("--model", eval_opts.model, "ONNX model to measure (tokenizer.json beside it)")->required();
+  eval->add_option("--reference", eval_opts.reference,
+                   "Reference (float) model: adds its perplexity, the mean per-token KL(P_reference || P_model) "
+                   "and the top-1 agreement over the same windows");
+  eval->add_option("--text", eval_opts.text,
+                   "Text to measure on: a .txt file, or .jsonl with a \"text\" field per line (default: the "
+                   "corpus eval split of tools/corpus.py, never used for calibration)");
+  eval->add_option("--windows", eval_opts.windows, "Windows of --seq_len tokens (consecutive, from the start)")
+      ->capture_default_str();
+  eval->add_option("--seq_len", eval_opts.seq_len, "Tokens per window; each window is one forward pass from an "
+                   "empty KV cache")->capture_default_str();
+  eval->add_option("--json", eval_opts.json, "Also write the measurements to this JSON file");
+  eval->add_option("--tokenizer", eval_opts.tokenizer, "tokenizer.json or its folder (default: beside --model)");
+  eval->add_option("--accuracy_level", eval_opts.accuracy_level,
+                   "ONNX Runtime session.qdq_matmulnbits_accuracy_level (1: fp32 compute; '' leaves ORT's default, "
+                   "which quantizes activations to int8 in MatMulNBits)")->capture_default_str();
+  eval->add_option("--threads", eval_opts.threads, "ONNX Runtime threads (0: its default)")->capture_default_str();
+  eval->add_flag("--quiet", eval_opts.quiet, "No progress lines on stderr");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -137,6 +219,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::FileError& e) {  // --config: the message names the file
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+    return 2;
+  } catch (const CLI::ConfigError& e) {
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+    return 2;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "nibble: error: %s (see nibble --help)\n", e.what());
     return 2;
@@ -152,6 +240,7 @@ int main(int argc, char** argv) {
       if (opts.verbose) spdlog::set_level(spdlog::level::debug);
       return nibble::run_quantize(opts);
     }
+    if (*eval) return nibble::run_eval(eval_opts);
     drop_empty(inspect_exclude);
     return nibble::run_inspect(inspect_path, inspect_exclude, inspect_block);
   } catch (const nibble::Error& e) {

@@ -9,10 +9,12 @@
 namespace nibble {
 
 nlohmann::json options_to_json(const QuantizeOptions& o) {
-  return {{"onnx_path", o.onnx_path},
+  // Every field of QuantizeOptions, under its flag's name (tests/e2e/test_config.py checks that each
+  // flag of `nibble quantize --help` is here). Empty strings are "not given" (format: chosen by algo).
+  return {// ModelOpt's flags
+          {"onnx_path", o.onnx_path},
           {"output_path", o.output_path},
           {"algo", o.algo},
-          {"format", o.format},
           {"block_size", o.block_size},
           {"use_zero_point", o.use_zero_point},
           {"awqlite_alpha_step", o.awqlite_alpha_step},
@@ -25,13 +27,34 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"calib_size", o.calib_size},
           {"dataset", o.dataset},
           {"batch_size", o.batch_size},
+          {"no_position_ids", o.no_position_ids},
+          {"add_position_ids", o.add_position_ids},
+          {"no_past_kv_inputs", o.no_past_kv_inputs},
+          {"use_buffer_share", o.use_buffer_share},
+          {"use_fp32", o.use_fp32},
+          {"use_random_calib", o.use_random_calib},
           {"enable_mixed_quant", o.enable_mixed_quant},
           {"layers_8bit", o.layers_8bit},
+          {"gather_quantize_axis", o.gather_quantize_axis},
+          {"gather_block_size", o.gather_block_size},
+          {"use_column_major", o.use_column_major},
+          {"nodes_to_exclude", o.nodes_to_exclude},
+          {"model_name", o.model_name},
+          // nibble's own
+          {"calib_data", o.calib_data},
+          {"calib_seq_len", o.calib_seq_len},
+          {"calib_cache", o.calib_cache},
           {"mixed_strategy", o.mixed_strategy},
           {"mixed_budget", o.mixed_budget},
-          {"nodes_to_exclude", o.nodes_to_exclude},
+          {"awq_mode", o.awq_mode},
           {"device", o.device},
-          {"threads", o.threads}};
+          {"format", o.format},
+          {"threads", o.threads},
+          {"force", o.force},
+          {"report", o.report},
+          {"config", o.config},
+          {"quiet", o.quiet},
+          {"verbose", o.verbose}};
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& report) {

@@ -33,6 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+# numpy's BLAS single-threaded on every path (the statistics' threads are ours, StatsRunner): a
+# multi-threaded ssyrk rounds differently, and the Gram matrix must not depend on the core count.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
 import numpy as np  # noqa: E402
 
 from calib_inputs import (CalibError, FeedOptions, NpzBatches, model_inputs, note,  # noqa: E402
@@ -401,7 +405,7 @@ class StatsRunner:
     order, so the statistics do not depend on the thread count."""
 
     def __init__(self, threads: int):
-        self.threads = max(1, threads or os.cpu_count() or 1)
+        self.threads = max(1, threads or len(os.sched_getaffinity(0)) or 1)
         self.pool = None
         if SYRK.set_threads is not None:
             SYRK.set_threads(1)   # whatever --threads is: the same BLAS arithmetic
@@ -421,8 +425,14 @@ class StatsRunner:
             return
         # larger activations first: the threads finish together
         order = sorted(work, key=lambda w: -w[1].shape[1])
-        for f in [self.pool.submit(self._one, accs[i], X, counted) for i, X, counted in order]:
-            f.result()
+        futures = [self.pool.submit(self._one, accs[i], X, counted) for i, X, counted in order]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:   # a failed update ends the run: drop what has not started
+                f.cancel()
+            raise
 
     def close(self) -> None:
         if self.pool is not None:

@@ -35,7 +35,12 @@ import os
 import sys
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # one line, as every other error (the venv is made by scripts/setup)
+    print(f"eval: the Python package 'numpy' is not installed in {sys.executable} (run scripts/setup)",
+          file=sys.stderr)
+    sys.exit(2)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,6 +137,14 @@ def _open(path: str, role: str, accuracy_level, threads: int):
         raise EvalError(f"{role} {path}: {_first_line(e)}") from None
 
 
+def _vocab(dec) -> int | None:
+    """The logits' last dimension when the model declares it (checked before anything runs)."""
+    for o in dec.sess.get_outputs():
+        if o.name == "logits" and o.shape and isinstance(o.shape[-1], int):
+            return int(o.shape[-1])
+    return None
+
+
 def evaluate(model: str, reference: str | None = None, text: str | None = None, windows: int = 32,
              seq_len: int = 256, tokenizer: str | None = None, accuracy_level: str | None = "1",
              threads: int = 0, log=None) -> dict:
@@ -148,6 +161,9 @@ def evaluate(model: str, reference: str | None = None, text: str | None = None, 
     except FileNotFoundError:
         where = tokenizer or os.path.dirname(os.path.abspath(model))
         raise EvalError(f"no tokenizer.json in {where} (give --tokenizer)") from None
+    except ImportError as e:
+        raise EvalError(f"the Python package '{e.name or 'tokenizers'}' is not installed in {sys.executable} "
+                        f"(run scripts/setup)") from None
     except Exception as e:  # noqa: BLE001 - tokenizers raises its own types
         raise EvalError(f"cannot load the tokenizer ({_first_line(e)})") from None
     data, what = text_windows(tok, text, windows, seq_len)
@@ -155,15 +171,26 @@ def evaluate(model: str, reference: str | None = None, text: str | None = None, 
     nll = ref_nll = kl = 0.0
     agree = n = 0
     kl_windows = []
+    vocab = _vocab(dec)
+    if vocab is not None and int(data.max()) >= vocab:
+        raise EvalError(f"the tokenizer gives token ids up to {int(data.max())} but --model {model} has "
+                        f"{vocab} logits (wrong --tokenizer?)")
+
+    def run(d, role: str, path: str, batch):
+        try:
+            return d.run(batch)[0]
+        except Exception as e:  # noqa: BLE001 - ONNX Runtime's own exception types
+            raise EvalError(f"{role} {path}: ONNX Runtime failed on window {w + 1} ({_first_line(e)})") from None
+
     for w in range(windows):
         batch = data[w: w + 1]
-        logits = dec.run(batch)[0]
+        logits = run(dec, "--model", model, batch)
         if int(batch.max()) >= logits.shape[-1]:
             raise EvalError(f"the tokenizer gives token ids up to {int(batch.max())} but --model {model} has "
                             f"{logits.shape[-1]} logits (wrong --tokenizer?)")
         nll += eval_ppl._nll(logits[:-1], batch[0, 1:])
         if ref is not None:
-            ref_logits = ref.run(batch)[0]
+            ref_logits = run(ref, "--reference", reference, batch)
             if ref_logits.shape != logits.shape:
                 raise EvalError(f"--reference {reference} gives logits {list(ref_logits.shape)}, --model "
                                 f"{list(logits.shape)}: not the same vocabulary")

@@ -120,6 +120,7 @@ RtnIsa rtn_fast_isa() { return active_isa(); }
 
 void rtn_quantize_weighted_fast(const WeightMatrix& w, const QuantSpec& spec, const float* weight,
                                 const std::vector<float>& ratios, QuantResult& out) {
+  if (ratios.empty()) throw std::invalid_argument("rtn_quantize_weighted: no clip ratio to try");
   if (w.k_axis != 0) {
     rtn_quantize_weighted(w, spec, weight, ratios, out);  // [N, K] layouts: the reference
     return;

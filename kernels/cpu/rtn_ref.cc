@@ -137,6 +137,7 @@ namespace nibble::kernels {
 
 void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* weight,
                            const std::vector<float>& ratios, QuantResult& out) {
+  if (ratios.empty()) throw std::invalid_argument("rtn_quantize_weighted: no clip ratio to try");
   const int64_t K = w.K(), N = w.N(), bs = spec.block;
   const int64_t G = num_blocks(K, bs);
   const bool zp = spec.zero_point;
@@ -160,11 +161,13 @@ void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const f
         mn = std::min(mn, v[size_t(k - k0)]);
         mx = std::max(mx, v[size_t(k - k0)]);
       }
-      BlockParams best{};
+      const DType st = scale_type(spec, w.dtype);
+      // Candidate 0 when none has an error below +inf (NaN or inf energy): never an unset scale.
+      BlockParams best = zp ? block_params_zero_point(ratios[0] * mn, ratios[0] * mx, spec.bits, st)
+                            : block_params_symmetric(ratios[0] * amax, spec.bits, st);
       double best_err = INFINITY;
       for (size_t ri = 0; ri < ratios.size() * (zp ? 1 : 2); ++ri) {
         const float r = ratios[ri % ratios.size()];
-        const DType st = scale_type(spec, w.dtype);
         BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, spec.bits, st)
                            : block_params_symmetric(r * amax, spec.bits, st);
         // The second half of the candidates negates the scale: the block's extreme value then

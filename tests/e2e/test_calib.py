@@ -218,6 +218,20 @@ def npz_batches(path: str, batch: int) -> list[dict]:
     return [{k: z[k][i:i + batch] for k in z.files} for i in range(0, n - n % batch, batch)]
 
 
+def test_statistics_do_not_depend_on_threads(tiny, tmp_path):
+    # 12 x 200 rows: the Gram row buffer (1024 rows) is flushed twice mid-run and once at the end
+    rng = np.random.default_rng(11)
+    npz = make_npz(str(tmp_path), 12, 200, rng, pad=False)
+    acts = acts_json(str(tmp_path))
+    runs = [capture_ok(tiny, tmp_path / f"t{t}", acts, "--calib_data", npz, "--calib_size", 12, "--threads", t,
+                       env={**os.environ, "OPENBLAS_NUM_THREADS": str(t)})
+            for t in (1, 3)]
+    assert runs[0]["activations"][0]["rows"] == 2400
+    for a, b in zip(*(r["activations"] for r in runs)):
+        for k in ("_mean", "_sum", "_gram"):
+            assert a[k].tobytes() == b[k].tobytes(), (a["name"], k)
+
+
 def make_npz(folder: str, n: int, seq: int, rng, dtype="fp32", pad=True, position_ids=False) -> str:
     ids = rng.integers(3, V, (n, seq)).astype(np.int64)
     mask = np.ones((n, seq), np.int64)

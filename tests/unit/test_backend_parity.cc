@@ -159,6 +159,55 @@ TEST(Backend, FastWeightedSearchEqualsReference) {
   });
 }
 
+// The combination nibble-mode AWQ runs (fp32 W ⊙ s, scales rounded to the weight's fp16/bf16), and
+// energy rows that are NaN or inf (an fp16 activation that overflowed): no candidate beats +inf,
+// and both kernels must keep candidate 0 rather than an unset scale.
+TEST(Backend, FastWeightedSearchScaleDtypeAndNonFiniteEnergy) {
+  for_each_isa([] {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d;
+  const std::vector<float> ratios = {1.0f, 0.9f, 0.75f};
+  const int64_t K = 96, N = 70;
+  std::vector<float> f(static_cast<size_t>(K * N));
+  for (auto& v : f) v = d(rng);
+  for (DType sd : {DType::kFloat16, DType::kBFloat16})
+    for (bool zp : {false, true})
+      for (int bad : {0, 1, 2}) {  // 0: finite energy; 1: a NaN row in every block; 2: an inf row
+        std::vector<float> energy(static_cast<size_t>(K));
+        for (auto& e : energy) e = std::fabs(d(rng)) + 0.01f;
+        if (bad)
+          for (int64_t k = 5; k < K; k += 32) energy[size_t(k)] = bad == 1 ? NAN : INFINITY;
+        WeightMatrix w{DType::kFloat32, f.data(), K, N, 0};
+        QuantSpec spec{4, 32, zp};
+        spec.scale_dtype = sd;
+        QuantResult ref, fast;
+        rtn_quantize_weighted(w, spec, energy.data(), ratios, ref);
+        rtn_quantize_weighted_fast(w, spec, energy.data(), ratios, fast);
+        SCOPED_TRACE(dtype_name(sd) + (zp ? " zp" : " sym") + " bad " + std::to_string(bad));
+        ASSERT_EQ(ref.codes, fast.codes);
+        ASSERT_EQ(ref.scales, fast.scales);
+        ASSERT_EQ(ref.zero_points, fast.zero_points);
+        if (bad) {  // every block (each holds a bad row) kept candidate 0: ratio 1, positive scale
+          for (int64_t g = 0; g < K / 32; ++g)
+            for (int64_t n = 0; n < N; ++n) {
+              float amax = 0, mn = INFINITY, mx = -INFINITY;
+              for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+                const float v = f[size_t(k * N + n)];
+                amax = std::max(amax, std::fabs(v));
+                mn = std::min(mn, v);
+                mx = std::max(mx, v);
+              }
+              const BlockParams p0 = zp ? block_params_zero_point(mn, mx, 4, sd) : block_params_symmetric(amax, 4, sd);
+              ASSERT_EQ(fast.scales[size_t(g * N + n)], p0.scale) << g << "," << n;
+              if (zp) {
+                ASSERT_EQ(fast.zero_points[size_t(g * N + n)], p0.zero_point) << g << "," << n;
+              }
+            }
+        }
+      }
+  });
+}
+
 namespace {
 
 // fp16 weights given as bit patterns, [K, N] (k_axis 0) or transposed to [N, K] (k_axis 1).

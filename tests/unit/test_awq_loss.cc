@@ -1,0 +1,82 @@
+// The AWQ loss in its two forms (kernels/cpu/awq_ref.h): Σ D ⊙ (G D) with the Gram matrix, and
+// ‖U D‖² with its Cholesky factor (nibble mode), and the factor itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/awq_ref.h"
+
+using namespace nibble;
+using namespace nibble::kernels;
+
+namespace {
+
+// G = XᵀX of T random token rows (K channels); channel `zero` is always 0 when >= 0, so G is only
+// semi-definite and the factorisation needs its diagonal shift.
+std::vector<double> gram(int64_t T, int64_t K, int zero, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> d;
+  std::vector<double> x(size_t(T * K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) x[size_t(t * K + k)] = k == zero ? 0.0 : d(rng) * (1.0 + double(k % 5));
+  std::vector<double> g(size_t(K * K), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) g[size_t(i * K + j)] += x[size_t(t * K + i)] * x[size_t(t * K + j)];
+  return g;
+}
+
+}  // namespace
+
+TEST(AwqLoss, CholeskyFactorReproducesTheGram) {
+  const int64_t K = 37;
+  for (int zero : {-1, 11}) {
+    const auto g = gram(200, K, zero, 3);
+    const auto u = gram_cholesky_upper(g.data(), K);
+    ASSERT_EQ(u.size(), size_t(K * K)) << "zero channel " << zero;
+    double gmax = 0;
+    for (int64_t k = 0; k < K; ++k) gmax = std::max(gmax, g[size_t(k * K + k)]);
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        if (j < i) {
+          EXPECT_EQ(u[size_t(i * K + j)], 0.0f) << i << "," << j;
+          continue;
+        }
+        double utu = 0;  // (UᵀU)_ij = Σ_m U_mi U_mj
+        for (int64_t m = 0; m <= i; ++m) utu += double(u[size_t(m * K + i)]) * double(u[size_t(m * K + j)]);
+        EXPECT_NEAR(utu, g[size_t(i * K + j)], 2e-6 * gmax) << i << "," << j;
+      }
+  }
+  // Nothing to factor: an all-zero Gram matrix gives no factor (the GEMM form is used).
+  std::vector<double> z(size_t(K * K), 0.0);
+  EXPECT_TRUE(gram_cholesky_upper(z.data(), K).empty());
+}
+
+TEST(AwqLoss, TriangularFormEqualsGemmForm) {
+  const int64_t K = 300, N = 70, T = 500;  // K not a multiple of the block, N below one column chunk
+  for (int zero : {-1, 4}) {
+    const auto g = gram(T, K, zero, 5);
+    std::vector<float> g32(g.begin(), g.end());
+    const auto u = gram_cholesky_upper(g.data(), K);
+    ASSERT_FALSE(u.empty());
+    std::mt19937 rng(9);
+    std::normal_distribution<float> d(0.0f, 0.05f);
+    std::vector<float> w(static_cast<size_t>(K * N));
+    std::vector<float> s(static_cast<size_t>(K));
+    for (auto& v : w) v = d(rng);
+    for (auto& v : s) v = 0.5f + std::fabs(d(rng)) * 10.0f;
+    const WeightMatrix wm{DType::kFloat32, w.data(), K, N, 0};
+    const auto w_kn = logical_weight(wm);
+    const std::vector<float> ratios = {1.0f, 0.9f, 0.8f};
+    for (bool zp : {false, true})
+      for (const std::vector<float>* clip : {static_cast<const std::vector<float>*>(nullptr), &ratios}) {
+        QuantSpec spec{4, 128, zp};
+        const double gemm = awq_loss(wm, w_kn, s.data(), spec, g32.data(), T, clip);
+        const double tri = awq_loss(wm, w_kn, s.data(), spec, g32.data(), T, clip, u.data());
+        SCOPED_TRACE(std::string(zp ? "zp" : "sym") + (clip ? " clip" : "") + " zero " + std::to_string(zero));
+        EXPECT_GT(gemm, 0.0);
+        EXPECT_NEAR(tri / gemm, 1.0, 1e-4);
+      }
+  }
+}

@@ -60,6 +60,7 @@ class GramCache {
       for (size_t i = 0; i < n; ++i) g32_[i] = float(stats->gram[i]);
       upper_ = cholesky_ ? kernels::gram_cholesky_upper(stats->gram, stats->K) : std::vector<float>{};
       if (cholesky_ && upper_.empty()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
+      calib.drop_gram_pages(act);  // converted: the float64 pages need not stay resident
       name_ = act;
     }
     return g32_.data();

@@ -219,6 +219,13 @@ const MappedFile& Calibration::map(const std::string& file) {
   return *it->second;
 }
 
+void Calibration::drop_gram_pages(const std::string& activation) {
+  const auto e = entries_.find(activation);
+  if (e == entries_.end()) return;
+  const auto m = maps_.find(e->second.gram);
+  if (m != maps_.end()) m->second->release(0, m->second->size());
+}
+
 kernels::ActivationStats Calibration::stats(const std::string& activation, bool numpy_mean) {
   Entry& e = entries_.at(activation);
   kernels::ActivationStats s;

@@ -38,6 +38,9 @@ class Calibration {
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).
   kernels::ActivationStats stats(const std::string& activation, bool numpy_mean);
+  // Drops the pages of the activation's Gram matrix from memory (they are read again from the file if
+  // stats() is asked again): the searches convert it once, so only one activation's is resident.
+  void drop_gram_pages(const std::string& activation);
   int64_t tokens() const { return tokens_; }
   const std::string& folder() const { return dir_; }
 

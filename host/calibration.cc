@@ -43,14 +43,16 @@ std::string python_executable() {
   return "python3";
 }
 
-std::string capture_script() {
-  if (const char* p = std::getenv("NIBBLE_CALIB_SCRIPT"); p && *p) return p;
+std::string project_script(const char* env_var, const std::string& relative) {
+  if (const char* p = std::getenv(env_var); p && *p) return p;
   for (const fs::path& root : {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)}) {
-    const fs::path s = root / "calib" / "capture.py";
+    const fs::path s = root / relative;
     if (fs::exists(s)) return s.string();
   }
-  throw Error("cannot find calib/capture.py (set NIBBLE_CALIB_SCRIPT)");
+  throw Error("cannot find " + relative + " (set " + env_var + ")");
 }
+
+std::string capture_script() { return project_script("NIBBLE_CALIB_SCRIPT", "calib/capture.py"); }
 
 void run_child(const std::vector<std::string>& argv, const std::string& error_prefix, bool quiet) {
   int pipefd[2];

@@ -70,6 +70,8 @@ class Calibration {
 // project's .venv and calib/capture.py next to the build.
 std::string python_executable();
 std::string capture_script();
+// A script of the project: $env_var, else `relative` under the build's parent or the source folder.
+std::string project_script(const char* env_var, const std::string& relative);
 
 // Runs argv; stderr lines are passed through (unless quiet) and the last line starting with
 // `error_prefix` becomes the Error message when the child fails. Throws Error.

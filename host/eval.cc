@@ -7,27 +7,9 @@
 #include "host/calibration.h"
 #include "loaders/error.h"
 
-namespace fs = std::filesystem;
-
 namespace nibble {
-namespace {
 
-fs::path exe_dir() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::current_path() : p.parent_path();
-}
-
-}  // namespace
-
-std::string eval_script() {
-  if (const char* p = std::getenv("NIBBLE_EVAL_SCRIPT"); p && *p) return p;
-  for (const fs::path& root : {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)}) {
-    const fs::path s = root / "tools" / "eval_model.py";
-    if (fs::exists(s)) return s.string();
-  }
-  throw Error("cannot find tools/eval_model.py (set NIBBLE_EVAL_SCRIPT)");
-}
+std::string eval_script() { return project_script("NIBBLE_EVAL_SCRIPT", "tools/eval_model.py"); }
 
 int run_eval(const EvalOptions& o) {
   if (o.model.empty()) throw Error("--model is required");

@@ -266,7 +266,6 @@ class _Syrk:
 
     def __init__(self):
         self.fn = None
-        self.set_threads = None
         if os.environ.get("NIBBLE_CALIB_NUMPY_GRAM"):      # tests: numpy's path
             return
         try:
@@ -282,13 +281,6 @@ class _Syrk:
             fn.argtypes = [cint, cint, cint, i64, i64, ctypes.c_float, ctypes.c_void_p, i64, ctypes.c_float,
                            ctypes.c_void_p, i64]
             self.fn = fn
-            try:
-                st = ctypes.CDLL(libs[0]).scipy_openblas_set_num_threads64_
-                st.restype = None
-                st.argtypes = [ctypes.c_int]
-                self.set_threads = st
-            except AttributeError:
-                pass
             x = np.random.default_rng(0).standard_normal((9, 5)).astype(np.float32)
             g = np.zeros((5, 5), np.float32)
             self.add(g, x)
@@ -429,10 +421,8 @@ class StatsRunner:
 
     def __init__(self, threads: int):
         self.threads = max(1, threads or len(os.sched_getaffinity(0)) or 1)
-        self.pool = None
-        if SYRK.set_threads is not None:
-            SYRK.set_threads(1)   # whatever --threads is: the same BLAS arithmetic
-        if self.threads > 1 and SYRK.set_threads is not None:
+        self.pool = None   # numpy's BLAS is single-threaded (OPENBLAS_NUM_THREADS, set at import)
+        if self.threads > 1:
             from concurrent.futures import ThreadPoolExecutor
             self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="calib-stats")
 

@@ -55,12 +55,9 @@ class GramCache {
   const float* get(Calibration& calib, const std::string& act, bool numpy_mean, kernels::ActivationStats* stats) {
     *stats = calib.stats(act, numpy_mean);
     if (act != name_) {
-      const size_t n = size_t(stats->K * stats->K);
-      g32_.resize(n);
-      for (size_t i = 0; i < n; ++i) g32_[i] = float(stats->gram[i]);
       upper_ = cholesky_ ? kernels::gram_cholesky_upper(stats->gram, stats->K) : std::vector<float>{};
       if (cholesky_ && upper_.empty()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
-      calib.drop_gram_pages(act);  // converted: the float64 pages need not stay resident
+      g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
       name_ = act;
     }
     return g32_.data();

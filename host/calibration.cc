@@ -221,11 +221,21 @@ const MappedFile& Calibration::map(const std::string& file) {
   return *it->second;
 }
 
-void Calibration::drop_gram_pages(const std::string& activation) {
-  const auto e = entries_.find(activation);
-  if (e == entries_.end()) return;
-  const auto m = maps_.find(e->second.gram);
-  if (m != maps_.end()) m->second->release(0, m->second->size());
+const MappedFile& Calibration::gram_map(const Entry& e) {
+  const MappedFile& gram = map(e.gram);
+  if (gram.size() != uint64_t(e.K * e.K) * 8)
+    throw Error("calibration file " + gram.path() + " has " + std::to_string(gram.size()) + " bytes, expected " +
+                std::to_string(e.K * e.K * 8));
+  return gram;
+}
+
+std::vector<float> Calibration::gram_f32(const std::string& activation) {
+  const MappedFile& gram = gram_map(entries_.at(activation));
+  const double* g = reinterpret_cast<const double*>(gram.data());
+  std::vector<float> out(gram.size() / 8);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = float(g[i]);
+  gram.release(0, gram.size());  // converted: the float64 pages need not stay resident
+  return out;
 }
 
 kernels::ActivationStats Calibration::stats(const std::string& activation, bool numpy_mean) {
@@ -233,11 +243,7 @@ kernels::ActivationStats Calibration::stats(const std::string& activation, bool 
   kernels::ActivationStats s;
   s.K = e.K;
   s.rows = e.rows;
-  const MappedFile& gram = map(e.gram);
-  if (gram.size() != uint64_t(e.K * e.K) * 8)
-    throw Error("calibration file " + gram.path() + " has " + std::to_string(gram.size()) + " bytes, expected " +
-                std::to_string(e.K * e.K * 8));
-  s.gram = reinterpret_cast<const double*>(gram.data());
+  s.gram = reinterpret_cast<const double*>(gram_map(e).data());
   if (numpy_mean) {
     const MappedFile& m = map(e.mean_np);
     if (m.size() != uint64_t(e.K) * 4) throw Error("calibration file " + m.path() + " has the wrong size");

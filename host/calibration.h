@@ -38,9 +38,10 @@ class Calibration {
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).
   kernels::ActivationStats stats(const std::string& activation, bool numpy_mean);
-  // Drops the pages of the activation's Gram matrix from memory (they are read again from the file if
-  // stats() is asked again): the searches convert it once, so only one activation's is resident.
-  void drop_gram_pages(const std::string& activation);
+  // The activation's Gram matrix as float32 (what the loss GEMMs take); its float64 pages are dropped
+  // from memory afterwards (read again from the file if asked again), so only the activation being
+  // searched is resident.
+  std::vector<float> gram_f32(const std::string& activation);
   int64_t tokens() const { return tokens_; }
   const std::string& folder() const { return dir_; }
 
@@ -64,6 +65,7 @@ class Calibration {
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<MappedFile>> maps_;
   const MappedFile& map(const std::string& file);
+  const MappedFile& gram_map(const Entry& e);  // checked against K
 };
 
 // The Python interpreter and script nibble calls: $NIBBLE_PYTHON / $NIBBLE_CALIB_SCRIPT, else the

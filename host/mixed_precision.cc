@@ -270,9 +270,7 @@ void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, c
   std::vector<double> e4(W, 0), e8(W, 0);
   for (const auto& [act, idx] : plan.siblings) {
     const kernels::ActivationStats st = calib.stats(act, modelopt_awq);
-    std::vector<float> g32(size_t(st.K * st.K));
-    for (size_t i = 0; i < g32.size(); ++i) g32[i] = float(st.gram[i]);
-    calib.drop_gram_pages(act);
+    const std::vector<float> g32 = calib.gram_f32(act);
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));

@@ -176,21 +176,21 @@ def evaluate(model: str, reference: str | None = None, text: str | None = None, 
         raise EvalError(f"the tokenizer gives token ids up to {int(data.max())} but --model {model} has "
                         f"{vocab} logits (wrong --tokenizer?)")
 
-    def run(d, role: str, path: str, batch):
+    def run(d, role: str, path: str, w: int):
         try:
-            return d.run(batch)[0]
+            return d.run(data[w: w + 1])[0]
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's own exception types
             raise EvalError(f"{role} {path}: ONNX Runtime failed on window {w + 1} ({_first_line(e)})") from None
 
     for w in range(windows):
         batch = data[w: w + 1]
-        logits = run(dec, "--model", model, batch)
+        logits = run(dec, "--model", model, w)
         if int(batch.max()) >= logits.shape[-1]:
             raise EvalError(f"the tokenizer gives token ids up to {int(batch.max())} but --model {model} has "
                             f"{logits.shape[-1]} logits (wrong --tokenizer?)")
         nll += eval_ppl._nll(logits[:-1], batch[0, 1:])
         if ref is not None:
-            ref_logits = run(ref, "--reference", reference, batch)
+            ref_logits = run(ref, "--reference", reference, w)
             if ref_logits.shape != logits.shape:
                 raise EvalError(f"--reference {reference} gives logits {list(ref_logits.shape)}, --model "
                                 f"{list(logits.shape)}: not the same vocabulary")

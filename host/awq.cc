@@ -95,6 +95,21 @@ std::string fmt_losses(const std::vector<double>& l, int best) {
 
 }  // namespace
 
+void average_sibling_scales_modelopt(const Plan& plan, std::map<std::string, AwqChoice>* choices) {
+  // numpy's mean over axis 1 of [K, m] (m < 8: a sequential float32 sum from 0), divided by m.
+  for (const auto& [act, idx] : plan.siblings) {
+    if (idx.size() < 2) continue;
+    const int64_t K = plan.weights[idx[0]].K();
+    std::vector<float> mean(static_cast<size_t>(K));
+    std::vector<float> col(idx.size());
+    for (int64_t k = 0; k < K; ++k) {
+      for (size_t j = 0; j < idx.size(); ++j) col[j] = choices->at(plan.weights[idx[j]].weight).scale[size_t(k)];
+      mean[size_t(k)] = kernels::numpy_sum_f32(col.data(), int64_t(col.size())) / float(col.size());
+    }
+    for (size_t i : idx) (*choices)[plan.weights[i].weight].scale = mean;
+  }
+}
+
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                  const QuantizeOptions& o, bool modelopt) {
   std::map<std::string, AwqChoice> out;
@@ -135,21 +150,7 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
       spdlog::info("awq [{}/{}] {} alpha {:.1f} {}", ++done, total, pw.weight, c.alpha, fmt_losses(c.losses, best));
       out[pw.weight] = std::move(c);
     }
-    if (fuse && !o.awqlite_run_per_subgraph) {
-      // Siblings get the mean of their scales: numpy's mean over axis 1 of [K, m] (m < 8: a
-      // sequential float32 sum from 0), divided by m.
-      for (const auto& [act, idx] : plan.siblings) {
-        if (idx.size() < 2) continue;
-        const int64_t K = plan.weights[idx[0]].K();
-        std::vector<float> mean(static_cast<size_t>(K));
-        for (int64_t k = 0; k < K; ++k) {
-          std::vector<float> col;
-          for (size_t i : idx) col.push_back(out[plan.weights[i].weight].scale[size_t(k)]);
-          mean[size_t(k)] = kernels::numpy_sum_f32(col.data(), int64_t(col.size())) / float(col.size());
-        }
-        for (size_t i : idx) out[plan.weights[i].weight].scale = mean;
-      }
-    }
+    if (fuse && !o.awqlite_run_per_subgraph) average_sibling_scales_modelopt(plan, &out);
     return out;
   }
 

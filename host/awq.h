@@ -23,6 +23,9 @@ struct AwqChoice {
   std::vector<double> losses;    // loss per alpha of that search
 };
 
+// ModelOpt with fuse on: siblings (MatMuls sharing an input) all get the mean of their scales.
+void average_sibling_scales_modelopt(const Plan& plan, std::map<std::string, AwqChoice>* choices);
+
 // Searches every weight of the plan. `progress` is called once per weight searched.
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                  const QuantizeOptions& options, bool modelopt);

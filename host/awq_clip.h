@@ -11,7 +11,6 @@
 //             both signs of the symmetric scale; --use_zero_point honoured (clip of [min, max]).
 #pragma once
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,7 +19,6 @@
 #include "host/options.h"
 #include "host/plan.h"
 #include "kernels/quant_types.h"
-#include "loaders/external_data.h"
 #include "loaders/onnx_model.h"
 
 namespace nibble {
@@ -40,7 +38,6 @@ void awq_full_modelopt_scales(OnnxModel& model, const Plan& plan, Calibration& c
 class ClipSearch {
  public:
   ClipSearch(const QuantizeOptions& o, Calibration& calib, bool modelopt);
-  ~ClipSearch();
 
   // modelopt mode: searches every weight of the plan now (on W ⊙ s* with per_node, else on W).
   void search_modelopt(OnnxModel& model, const Plan& plan, const std::map<std::string, AwqChoice>* per_node);
@@ -54,23 +51,9 @@ class ClipSearch {
   const std::vector<float>* ratios(const std::string& weight) const;
 
  private:
-  struct Sample {
-    int64_t rows = 0, K = 0;
-    std::string file;
-  };
-  struct Gram {
-    int64_t K = 0, block = 0;  // block 0: the whole K x K matrix
-    std::string file;
-  };
-  const float* sample_rows(const std::string& activation, int64_t K, int64_t* rows);
-  const MappedFile& map(const std::string& file);
-
   const QuantizeOptions& o_;
   Calibration& calib_;
   bool modelopt_;
-  std::map<std::string, Sample> samples_;
-  std::map<std::string, Gram> grams_;
-  std::map<std::string, std::unique_ptr<MappedFile>> maps_;
   std::map<std::string, std::vector<float>> ratios_;
 };
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kernels/quant_types.h"
 #include "loaders/error.h"
 
 extern char** environ;
@@ -200,6 +201,9 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
     e.mean_np = a.at("mean_abs_np").get<std::string>();
     e.sum_abs = a.at("sum_abs").get<std::string>();
     e.gram = a.at("gram").get<std::string>();
+    e.gram_block = a.value("gram_block", int64_t(0));
+    e.token_sample = a.value("token_sample", std::string());
+    e.token_sample_rows = a.value("token_sample_rows", int64_t(0));
     c->entries_[a.at("name").get<std::string>()] = std::move(e);
   }
   for (const auto& a : acts)
@@ -221,16 +225,55 @@ const MappedFile& Calibration::map(const std::string& file) {
   return *it->second;
 }
 
+const Calibration::Entry& Calibration::entry(const std::string& activation, int64_t K) const {
+  const auto it = entries_.find(activation);
+  if (it == entries_.end()) throw Error("calibration did not measure activation '" + activation + "'");
+  if (it->second.K != K)
+    throw Error("calibration of '" + activation + "' has K " + std::to_string(it->second.K) + ", the weight " +
+                std::to_string(K));
+  return it->second;
+}
+
 const MappedFile& Calibration::gram_map(const Entry& e) {
   const MappedFile& gram = map(e.gram);
-  if (gram.size() != uint64_t(e.K * e.K) * 8)
+  const int64_t B = e.gram_block;
+  const uint64_t want = B ? uint64_t(kernels::num_blocks(e.K, B) * B * B) * 8 : uint64_t(e.K * e.K) * 8;
+  if (gram.size() != want)
     throw Error("calibration file " + gram.path() + " has " + std::to_string(gram.size()) + " bytes, expected " +
-                std::to_string(e.K * e.K * 8));
+                std::to_string(want));
   return gram;
 }
 
+const double* Calibration::gram_as_kept(const std::string& activation, int64_t K, int64_t* block) {
+  const Entry& e = entry(activation, K);
+  *block = e.gram_block;
+  return reinterpret_cast<const double*>(gram_map(e).data());
+}
+
+void Calibration::release_gram(const std::string& activation) {
+  const auto e = entries_.find(activation);
+  if (e == entries_.end()) return;
+  const auto m = maps_.find(e->second.gram);
+  if (m != maps_.end()) m->second->release(0, m->second->size());
+}
+
+const float* Calibration::token_sample(const std::string& activation, int64_t K, int64_t* rows) {
+  const Entry& e = entry(activation, K);
+  if (e.token_sample.empty())
+    throw Error("calibration kept no token sample of activation '" + activation + "' (awq_clip, modelopt mode)");
+  *rows = e.token_sample_rows;
+  if (e.token_sample_rows == 0) return nullptr;
+  const MappedFile& m = map(e.token_sample);
+  if (m.size() != uint64_t(e.token_sample_rows * K) * 4)
+    throw Error("calibration file " + m.path() + " has " + std::to_string(m.size()) + " bytes, expected " +
+                std::to_string(e.token_sample_rows * K * 4));
+  return reinterpret_cast<const float*>(m.data());
+}
+
 std::vector<float> Calibration::gram_f32(const std::string& activation) {
-  const MappedFile& gram = gram_map(entries_.at(activation));
+  const Entry& e = entries_.at(activation);
+  if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
+  const MappedFile& gram = gram_map(e);
   const double* g = reinterpret_cast<const double*>(gram.data());
   std::vector<float> out(gram.size() / 8);
   for (size_t i = 0; i < out.size(); ++i) out[i] = float(g[i]);
@@ -243,6 +286,7 @@ kernels::ActivationStats Calibration::stats(const std::string& activation, bool 
   kernels::ActivationStats s;
   s.K = e.K;
   s.rows = e.rows;
+  if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
   s.gram = reinterpret_cast<const double*>(gram_map(e).data());
   if (numpy_mean) {
     const MappedFile& m = map(e.mean_np);

@@ -42,6 +42,13 @@ class Calibration {
   // from memory afterwards (read again from the file if asked again), so only the activation being
   // searched is resident.
   std::vector<float> gram_f32(const std::string& activation);
+  // The Gram matrix as calibration kept it, float64, checked against K: the whole K x K (*block = 0)
+  // or its block-diagonal [ceil(K/B), B, B] (*block = B, CalibrationExtras::gram_block).
+  const double* gram_as_kept(const std::string& activation, int64_t K, int64_t* block);
+  // Drops the pages of the activation's Gram matrix from memory (read again from the file if asked).
+  void release_gram(const std::string& activation);
+  // ModelOpt's token sample (CalibrationExtras::sample_tokens): *rows x K float32, nullptr when empty.
+  const float* token_sample(const std::string& activation, int64_t K, int64_t* rows);
   int64_t tokens() const { return tokens_; }
   const std::string& folder() const { return dir_; }
 
@@ -56,7 +63,9 @@ class Calibration {
  private:
   struct Entry {
     int64_t K = 0, rows = 0;
-    std::string mean_np, sum_abs, gram;
+    int64_t gram_block = 0;         // 0: the whole K x K matrix
+    int64_t token_sample_rows = 0;
+    std::string mean_np, sum_abs, gram, token_sample;
     std::vector<float> x_mean;  // derived, owned
   };
   std::string dir_;
@@ -65,7 +74,8 @@ class Calibration {
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<MappedFile>> maps_;
   const MappedFile& map(const std::string& file);
-  const MappedFile& gram_map(const Entry& e);  // checked against K
+  const Entry& entry(const std::string& activation, int64_t K) const;  // checked against K
+  const MappedFile& gram_map(const Entry& e);                            // checked against its size
 };
 
 // The Python interpreter and script nibble calls: $NIBBLE_PYTHON / $NIBBLE_CALIB_SCRIPT, else the

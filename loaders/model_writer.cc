@@ -36,6 +36,14 @@ void remove_stale_temporaries(const std::string& dir) {
     const long pid = std::strtol(pid_str.c_str(), &end, 10);
     if (end == pid_str.c_str() || *end != '\0' || pid <= 0) continue;
     if (::kill(pid_t(pid), 0) == 0 || errno == EPERM) continue;  // that run is still alive
+    // A run killed between its two renames (data into place, then the graph) left its graph
+    // temporary, no data temporary, and its data file under the final name with no graph beside it:
+    // that data file is the dead run's own, and goes with it.
+    const std::string final_name = name.substr(1, pos - 1);
+    const fs::path d = fs::path(dir);
+    if (!fs::exists(d / ("." + final_name + ".data" + kTmpTag + pid_str), ec) &&
+        !fs::exists(d / final_name, ec) && fs::exists(d / (final_name + ".data"), ec))
+      fs::remove(d / (final_name + ".data"), ec);
     fs::remove(e.path(), ec);
   }
 }
@@ -56,6 +64,8 @@ ModelWriter::ModelWriter(const std::string& out_path, const Options& options) {
   }
   std::error_code ec;
   if (fs::is_directory(out, ec)) throw Error("--output_path " + out_path_ + " is a folder");
+  // First what killed runs left, which may include a data file under the final name (see above).
+  if (fs::is_directory(out.parent_path(), ec)) remove_stale_temporaries(out.parent_path().string());
   if (!options.force) {
     if (fs::exists(out, ec)) throw Error("output " + out_path_ + " exists (use --force to overwrite)");
     if (fs::exists(data_path_, ec))

@@ -97,9 +97,11 @@ def test_sigkill_leaves_no_output_and_next_run_cleans_up(nibble, shaped_model, r
     out = os.path.join(out_dir, "model.onnx")
     in_before = folder_digest(os.path.dirname(shaped_model))
     killed, after_kill = run_and_kill(quantize_cmd(shaped_model, out), out_dir, MOMENTS[moment](reference_run))
-    if not killed:  # it finished first (a fast machine): then it must be complete
+    if not killed or "model.onnx" in after_kill:
+        # it finished first (a fast machine), or the kill came after its last rename (a slow exit, as under
+        # ASan): then the output must be complete
         assert folder_digest(out_dir) == reference_run[1]
-        pytest.skip(f"the run finished before the '{moment}' kill")
+        pytest.skip(f"the run had committed its output before the '{moment}' kill")
     # Nothing at the output path: neither the graph nor its data file, only hidden temporaries; except
     # when the kill fell between the writer's two renames (no writer makes two renames one): then the
     # data file is in place beside the dead run's graph temporary, and the next run removes both.

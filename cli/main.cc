@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "host/eval.h"
+#include "host/run/eval.h"
 #include "host/options.h"
-#include "host/pipeline.h"
-#include "kernels/cpu/blas_core.h"
+#include "host/run/pipeline.h"
+#include "cli/blas_startup.h"
 #include "loaders/error.h"
 
 namespace {
@@ -25,12 +25,17 @@ constexpr const char* kAlgoHelp =
     "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
     "ratio search on the calibration data. awq_full: awq_lite then awq_clip";
 
-void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
+// The flags whose values are names: kept as text until parsed into the options' enums.
+struct NamedChoices {
+  std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy;
+};
+
+void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   q.add_option("--onnx_path", o.onnx_path, "Input ONNX model (external data beside it)")->required();
   q.add_option("--output_path", o.output_path,
                "Output ONNX model; its weights go to OUTPUT.data beside it. A missing folder is created")
       ->required();
-  q.add_option("--algo", o.algo, kAlgoHelp)->capture_default_str();
+  q.add_option("--algo", c.algo, kAlgoHelp)->capture_default_str();
   q.add_option("--block_size", o.block_size,
                "Elements per quantization block along the reduction dimension K: a power of two >= 16, "
                "or -1 for one block per output channel")
@@ -49,26 +54,26 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_option("--awqclip_alpha_min", o.awqclip_alpha_min, "AWQ-clip: smallest clip ratio")->capture_default_str();
   q.add_option("--awqclip_bsz_col", o.awqclip_bsz_col, "AWQ-clip: output columns per search chunk (modelopt mode: ModelOpt's chunk, which decides numpy's summation order for a one-column chunk)")
       ->capture_default_str();
-  q.add_option("--calibration_eps", o.calibration_eps,
+  q.add_option("--calibration_eps", o.calib.calibration_eps,
                "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
                "NvTensorRtRtx)")
       ->capture_default_str();
-  q.add_option("--calib_size", o.calib_size, "Number of calibration samples")->capture_default_str();
-  q.add_option("--dataset", o.dataset, "Calibration text: cnn, pilevel, or a local .txt/.jsonl/.parquet file")
+  q.add_option("--calib_size", o.calib.calib_size, "Number of calibration samples")->capture_default_str();
+  q.add_option("--dataset", o.calib.dataset, "Calibration text: cnn, pilevel, or a local .txt/.jsonl/.parquet file")
       ->capture_default_str();
-  q.add_option("--batch_size", o.batch_size, "Calibration batch size")->capture_default_str();
-  q.add_flag("--no_position_ids", o.no_position_ids, "Calibration: do not feed position_ids");
-  q.add_flag("--add_position_ids", o.add_position_ids, "Calibration: feed position_ids (DML-built GenAI models)");
-  q.add_flag("--no_past_kv_inputs", o.no_past_kv_inputs, "Calibration: the model has no past key/value inputs");
-  q.add_flag("--use_buffer_share", o.use_buffer_share, "Calibration: past KV sized to the context length");
-  q.add_flag("--use_fp32", o.use_fp32, "Calibration: past KV in fp32 (default: the model's own input dtype)");
+  q.add_option("--batch_size", o.calib.batch_size, "Calibration batch size")->capture_default_str();
+  q.add_flag("--no_position_ids", o.calib.no_position_ids, "Calibration: do not feed position_ids");
+  q.add_flag("--add_position_ids", o.calib.add_position_ids, "Calibration: feed position_ids (DML-built GenAI models)");
+  q.add_flag("--no_past_kv_inputs", o.calib.no_past_kv_inputs, "Calibration: the model has no past key/value inputs");
+  q.add_flag("--use_buffer_share", o.calib.use_buffer_share, "Calibration: past KV sized to the context length");
+  q.add_flag("--use_fp32", o.calib.use_fp32, "Calibration: past KV in fp32 (default: the model's own input dtype)");
   q.add_flag("--use_random_calib", o.use_random_calib, "Calibration: one random sample instead of a dataset");
   q.add_flag("--enable_mixed_quant", o.enable_mixed_quant,
              "Mixed precision: some weights INT8 per channel, the rest INT4 (which ones: --mixed_strategy)");
   q.add_option("--layers_8bit", o.layers_8bit,
                "Comma-separated node-name patterns quantized to INT8, matched as token subsequences of node "
                "names (layers.1 matches /model/layers.1/... but not layers.10; implies --enable_mixed_quant)");
-  q.add_option("--mixed_strategy", o.mixed_strategy,
+  q.add_option("--mixed_strategy", c.mixed_strategy,
                "Which weights get INT8: modelopt (ModelOpt's default set: qkv/v/down projections of the first and "
                "last eighth of the layers and every third between; the default) or sensitivity (the weights whose "
                "output error drops most per extra byte, measured on calibration data; implies "
@@ -85,21 +90,21 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o) {
                "Regexes matched at the start of node names (Python re.match); matching nodes stay float. "
                "Default: /lm_head. Pass '' to exclude nothing")
       ->capture_default_str();
-  q.add_option("--awq_mode", o.awq_mode,
+  q.add_option("--awq_mode", c.awq_mode,
                "AWQ arithmetic: nibble (contiguous blocks, honoured alpha step, padding masked, joint sibling "
                "search; clip search on all calibration tokens through XᵀX) or modelopt (ModelOpt 0.47's "
                "arithmetic and quirks, for bit-exact comparison)")
       ->capture_default_str();
-  q.add_option("--calib_data", o.calib_data, "Calibration from an .npz of ready model inputs (axis 0 = samples) "
+  q.add_option("--calib_data", o.calib.calib_data, "Calibration from an .npz of ready model inputs (axis 0 = samples) "
                "instead of --dataset");
-  q.add_option("--calib_seq_len", o.calib_seq_len, "Tokens per calibration sample (ModelOpt: 512)")
+  q.add_option("--calib_seq_len", o.calib.calib_seq_len, "Tokens per calibration sample (ModelOpt: 512)")
       ->capture_default_str();
-  q.add_option("--calib_cache", o.calib_cache, "Keep the calibration statistics in this folder and reuse them "
+  q.add_option("--calib_cache", o.calib.calib_cache, "Keep the calibration statistics in this folder and reuse them "
                "when the model, data and settings match");
-  q.add_option("--model_name", o.model_name, "Folder with the tokenizer (default: the model's folder)");
-  q.add_option("--device", o.device, "auto, cuda or cpu (auto: CUDA when a device is present)")
+  q.add_option("--model_name", o.calib.model_name, "Folder with the tokenizer (default: the model's folder)");
+  q.add_option("--device", c.device, "auto, cuda or cpu (auto: CUDA when a device is present)")
       ->capture_default_str();
-  q.add_option("--format", o.format,
+  q.add_option("--format", c.format,
                "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for rtn_dq and AWQ), "
                "qdq (QuantizeLinear->DequantizeLinear on the float weight; default for rtn), matmulnbits "
                "(com.microsoft.MatMulNBits)");
@@ -160,7 +165,7 @@ void apply_config(CLI::App& q, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  nibble::kernels::reexec_for_better_blas(argv);  // before anything else is done twice
+  nibble::reexec_for_better_blas(argv);  // before anything else is done twice
   auto logger = spdlog::stderr_color_st("nibble");
   logger->set_pattern("[%T] %^%l%$ %v");
   spdlog::set_default_logger(logger);
@@ -179,7 +184,8 @@ int main(int argc, char** argv) {
       },
       "Read flags from a TOML/INI preset (configs/*.toml: key = value, keys are the flag names without "
       "'--'); flags given on the command line win");
-  add_quantize_flags(*quant, opts);
+  NamedChoices choices;
+  add_quantize_flags(*quant, opts, choices);
 
   std::string inspect_path;
   std::vector<std::string> inspect_exclude{"/lm_head"};
@@ -236,6 +242,13 @@ int main(int argc, char** argv) {
     };
     if (*quant) {
       drop_empty(opts.nodes_to_exclude);
+      opts.algo = nibble::parse_algo(choices.algo);
+      opts.awq_mode = nibble::parse_awq_mode(choices.awq_mode);
+      if (!choices.format.empty()) opts.format = nibble::parse_format(choices.format);
+      opts.device = nibble::parse_device(choices.device);
+      if (!choices.mixed_strategy.empty()) opts.mixed_strategy_flag = nibble::parse_mixed_strategy(choices.mixed_strategy);
+      opts.calib.threads = opts.threads;
+      opts.calib.quiet = opts.quiet;
       if (opts.quiet) spdlog::set_level(spdlog::level::warn);
       if (opts.verbose) spdlog::set_level(spdlog::level::debug);
       return nibble::run_quantize(opts);

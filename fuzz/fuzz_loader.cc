@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <string>
 
-#include "host/plan.h"
+#include "host/graph/plan.h"
 #include "loaders/error.h"
 #include "loaders/onnx_model.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "host/options.h"
-#include "host/pipeline.h"
+#include "host/run/pipeline.h"
 #include "loaders/error.h"
 
 namespace fs = std::filesystem;

@@ -1,19 +1,31 @@
 // Everything `nibble quantize` is asked to do: ModelOpt quantize.py's flags (same names, same
-// defaults) plus nibble's own. Filled by the CLI, read by the pipeline, echoed in the report.
+// defaults) plus nibble's own. The CLI fills it; the choices among names (algorithm, mode, format,
+// device, mixed strategy) are typed here once, at the edge (parse_* below), and every stage reads
+// the enums. Echoed in the report.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "calib/calibration.h"
+#include "kernels/backend.h"
+
 namespace nibble {
 
+enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq };
+// modelopt: ModelOpt's arithmetic and quirks, for bit-exact codes; nibble: its defects fixed.
+enum class AwqMode { kNibble, kModelopt };
 enum class Format { kDq, kQdq, kMatMulNBits };
+// Who picks the INT8 weights: nobody (all INT4), ModelOpt's default rule, --layers_8bit, or nibble's
+// sensitivity measure.
+enum class MixedStrategy { kNone, kModelopt, kLayers8bit, kSensitivity };
 
 struct QuantizeOptions {
   // ModelOpt (examples/windows/onnx_ptq/genai_llm/quantize.py)
   std::string onnx_path;
   std::string output_path;
-  std::string algo = "awq_lite";
+  Algo algo = Algo::kAwqLite;
   int64_t block_size = 128;
   bool use_zero_point = false;
   double awqlite_alpha_step = 0.1;
@@ -22,15 +34,6 @@ struct QuantizeOptions {
   double awqclip_alpha_step = 0.05;
   double awqclip_alpha_min = 0.5;
   int64_t awqclip_bsz_col = 1024;
-  std::string calibration_eps = "cuda,cpu";
-  int64_t calib_size = 32;
-  std::string dataset = "cnn";
-  int64_t batch_size = 1;
-  bool no_position_ids = false;
-  bool add_position_ids = false;
-  bool no_past_kv_inputs = false;
-  bool use_buffer_share = false;
-  bool use_fp32 = false;
   bool use_random_calib = false;
   bool enable_mixed_quant = false;
   std::string layers_8bit;
@@ -38,17 +41,15 @@ struct QuantizeOptions {
   int64_t gather_block_size = 32;
   bool use_column_major = false;
   std::vector<std::string> nodes_to_exclude{"/lm_head"};
-  std::string model_name;
+  // The calibration flags (ModelOpt's and nibble's: --calib_data, --calib_seq_len, --calib_cache).
+  CalibrationOptions calib;
   // nibble's own
-  std::string calib_data;     // .npz of ready model inputs instead of --dataset
-  int64_t calib_seq_len = 512;
-  std::string calib_cache;    // keep calibration statistics here and reuse them
-  std::string mixed_strategy;  // modelopt | sensitivity (empty: modelopt when mixed precision is on)
-  std::string mixed_budget;    // sensitivity: share of the weights at 8 bits (0..1) or an output size (300MB)
-  std::string awq_mode = "nibble";  // modelopt: ModelOpt's arithmetic and quirks; nibble: fixed
-  std::string device = "auto";
-  std::string format;  // empty: dq for rtn_dq and the AWQ algorithms, qdq for rtn
-  int threads = 0;     // 0: all cores
+  MixedStrategy mixed_strategy_flag = MixedStrategy::kNone;  // --mixed_strategy as given (kNone: absent)
+  std::string mixed_budget;  // sensitivity: share of the weights at 8 bits (0..1) or an output size (300MB)
+  AwqMode awq_mode = AwqMode::kNibble;
+  kernels::Device device = kernels::Device::kAuto;
+  std::optional<Format> format;  // absent: dq for rtn_dq and the AWQ algorithms, qdq for rtn
+  int threads = 0;               // 0: all cores
   bool force = false;
   std::string report;
   std::string config;
@@ -56,6 +57,24 @@ struct QuantizeOptions {
   bool verbose = false;
 
   Format resolved_format() const;
+  bool modelopt() const { return awq_mode == AwqMode::kModelopt; }
+  // awq_lite and awq_full search input scales s; awq_clip and awq_full search clip ratios.
+  bool searches_scales() const { return algo == Algo::kAwqLite || algo == Algo::kAwqFull; }
+  bool searches_clip() const { return algo == Algo::kAwqClip || algo == Algo::kAwqFull; }
+  // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).
+  MixedStrategy mixed_strategy() const;
 };
+
+// Names to enums (throw Error naming the flag and the choices) and back.
+Algo parse_algo(const std::string& s);
+AwqMode parse_awq_mode(const std::string& s);
+Format parse_format(const std::string& s);
+kernels::Device parse_device(const std::string& s);
+MixedStrategy parse_mixed_strategy(const std::string& s);
+const char* name_of(Algo a);
+const char* name_of(AwqMode m);
+const char* name_of(Format f);
+const char* name_of(kernels::Device d);
+const char* name_of(MixedStrategy m);  // "" for kNone
 
 }  // namespace nibble

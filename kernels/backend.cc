@@ -1,7 +1,9 @@
+// The backend selector: the one place that names the implementations this build has.
 #include "kernels/backend.h"
 
 #include <stdexcept>
 
+#include "kernels/cpu/cpu_backend.h"
 #ifdef NIBBLE_WITH_CUDA
 #include "kernels/cuda/cuda_device.h"
 #endif
@@ -16,9 +18,9 @@ bool cuda_compiled() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(Device device, std::string* why) {
+std::unique_ptr<Backend> make_backend(const BackendOptions& o, std::string* why) {
   std::string reason;
-  if (device == Device::kCpu) {
+  if (o.device == Device::kCpu) {
     if (why) *why = "device cpu (requested)";
     return make_cpu_backend();
   }
@@ -29,7 +31,7 @@ std::unique_ptr<Backend> make_backend(Device device, std::string* why) {
 #else
   reason = "this build has no CUDA backend (configure with -DNIBBLE_CUDA=ON)";
 #endif
-  if (device == Device::kCuda) throw std::runtime_error("--device cuda: " + reason);
+  if (o.device == Device::kCuda) throw std::runtime_error("--device cuda: " + reason);
   if (why) *why = "device auto: " + reason + "; using CPU";
   return make_cpu_backend();
 }

@@ -1,29 +1,114 @@
-// The kernels interface: one Backend per device. The host hands it weights as arrays and gets
-// arrays back; only backend.cc knows which implementations exist in this build.
+// The kernels interface: every array operation the quantization pipeline runs, one Backend per
+// device. Arrays in, arrays out: the interface knows no graph and no file. Each operation has a
+// plain scalar reference in kernels/cpu (`*_ref`), which every backend is tested against
+// (tests/unit/test_backend_ops.cc walks every operation on every backend).
+//
+// Layouts: a weight is a WeightMatrix in its stored layout ([K, N] or [N, K], see quant_types.h);
+// per-channel vectors (scales s, energies) have K values; Gram matrices are K x K row-major.
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/quant_types.h"
 
 namespace nibble::kernels {
 
+// What the AWQ loss reads of one activation: XᵀX (float32, K x K row-major) over `rows` tokens and,
+// optionally, its Cholesky factor U (XᵀX = UᵀU, upper triangle row-major, gram_cholesky_upper):
+// with U the loss is ‖U D‖², one triangular product instead of a GEMM.
+struct GramForm {
+  int64_t K = 0;
+  int64_t rows = 0;
+  const float* gram32 = nullptr;
+  const float* upper = nullptr;  // null: the GEMM form Σ D ⊙ (G D)
+};
+
+// nibble's Gram-form clip search: candidate ratios, tried in this order (1.0 should come first).
+struct GramClipOptions {
+  std::vector<float> ratios;
+  bool both_signs = true;  // symmetric: also try the negated scale (the extreme on code -2^(b-1))
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  // "cpu" or "cuda" (the report's name for who ran a stage); describe(): one line for the log.
   virtual std::string name() const = 0;
-  // Round-to-nearest quantization of one weight (reference: rtn_quantize_ref).
+  virtual std::string describe() const = 0;
+
+  // ---- Round to nearest (rtn_ref.h)
+  // Plain RTN of one weight, ModelOpt's formulas.
   virtual void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) = 0;
+  // RTN where each block picks among `ratios` x its scale the one with the smallest error weighted
+  // per input channel by channel_weight[k].
+  virtual void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
+                            const std::vector<float>& ratios, QuantResult& out) = 0;
+  // Symmetric RTN with a given clip ratio per block (ratio_ng [N * G], index n * G + g).
+  virtual void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) = 0;
+
+  // ---- Weight scaling (stored layout in and out)
+  // W ⊙ s along K, each product rounded to w.dtype.
+  virtual std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) = 0;
+  // W ⊙ s along K in float32 whatever w.dtype is.
+  virtual std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) = 0;
+  // W ⊘ d along N (a consumer's 1/s folded into this weight's columns): w / round(d[n]), rounded.
+  virtual std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) = 0;
+
+  // ---- AWQ statistics, scales and loss (awq_ref.h)
+  // ModelOpt's get_weight_scale (strided groups) or nibble's contiguous-block version: K values.
+  virtual std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) = 0;
+  // s(alpha) = x_mean^alpha / w_mean^(1-alpha), clamped and normalised: K values.
+  virtual std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
+                                       double alpha) = 0;
+  // Element-wise mean of equal-length vectors in numpy's float32 order (ModelOpt's sibling mean).
+  virtual std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) = 0;
+  // U with XᵀX = UᵀU from a float64 Gram matrix (empty when not factorisable).
+  virtual std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) = 0;
+  // Per input channel diag(XᵀX)[k] / s[k]² from a float64 Gram matrix (s null: 1).
+  virtual std::vector<float> channel_energy(const double* gram, int64_t K, const float* s) = 0;
+  // The output error of quantizing W ⊙ s (against X ⊘ s) per token and column, one value per scale
+  // vector: mean (XW - (X ⊘ s) Ŵ)². With clip_ratios each block picks its ratio as rtn_weighted does
+  // (weights diag(XᵀX)/s², W ⊙ s in fp32, scales rounded to w.dtype); without, W ⊙ s is rounded to
+  // w.dtype and quantized by plain RTN. Also the sensitivity measure of mixed precision (s = 1).
+  virtual std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
+                                         const QuantSpec& spec, const GramForm& gram,
+                                         const std::vector<float>* clip_ratios) = 0;
+
+  // ---- Clip search (clip_ref.h)
+  // ModelOpt's _clip_search on its token sample x [T, K] float32: the chosen ratio per block [N * G].
+  virtual std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x,
+                                                  int64_t T, const std::vector<double>& ratios,
+                                                  int64_t bsz_col) = 0;
+  // nibble's clip search on the Gram matrix (whole K x K, gram_block = 0, or its block-diagonal
+  // [G, B, B], gram_block = B), scaled by inv_s on both sides when given; quantizes into out.
+  virtual void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+                                  int64_t gram_block, const float* inv_s, const GramClipOptions& opt,
+                                  QuantResult& out) = 0;
+
+  // ---- Packing (pack.h)
+  // ONNX INT4/UINT4 raw_data (two codes a byte, low nibble first); 8 bits: unchanged.
+  virtual std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) = 0;
+  // com.microsoft.MatMulNBits inputs B, scales [N, G] and packed zero points.
+  virtual std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
+                                                       const QuantResult& q, int64_t layout_block) = 0;
+  virtual std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) = 0;
+  virtual std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
+                                                            const QuantResult& q) = 0;
 };
 
 enum class Device { kAuto, kCpu, kCuda };
 
-// Picks the backend for `device`. `why` receives one line saying what was chosen and why
-// (e.g. "auto: no CUDA device, using CPU"). Throws std::runtime_error when an explicitly
-// requested device cannot be used.
-std::unique_ptr<Backend> make_backend(Device device, std::string* why);
+struct BackendOptions {
+  Device device = Device::kAuto;
+  // CUDA: device memory the backend may hold at once (0: the device's free memory less a margin).
+  uint64_t device_memory = 0;
+};
 
-std::unique_ptr<Backend> make_cpu_backend();
+// Picks the backend. `why` receives one line saying what was chosen and why (e.g. "device auto:
+// no usable CUDA device (...); using CPU"). Throws std::runtime_error when an explicitly requested
+// device cannot be used.
+std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string* why);
 
 // Whether this build has the CUDA backend compiled in.
 bool cuda_compiled();

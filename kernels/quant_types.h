@@ -19,6 +19,11 @@ struct WeightMatrix {
 
   int64_t K() const { return k_axis == 0 ? rows : cols; }
   int64_t N() const { return k_axis == 0 ? cols : rows; }
+  // Position of logical element (k, n) in the stored layout.
+  size_t index(int64_t k, int64_t n) const { return size_t(k_axis == 0 ? k * cols + n : n * cols + k); }
+  // Position of the scale / zero point of block g of column n (G blocks along K), laid out as
+  // QuantResult holds them: [G, N] when k_axis == 0, [N, G] when k_axis == 1.
+  size_t param_index(int64_t G, int64_t g, int64_t n) const { return size_t(k_axis == 0 ? g * cols + n : n * G + g); }
 };
 
 struct QuantSpec {

@@ -143,7 +143,7 @@ void clear_data(onnx::TensorProto& t) {
 
 uint64_t ModelWriter::align_for(uint64_t n) {
   // Large tensors start on a page boundary so ONNX Runtime can map them.
-  const uint64_t align = n >= 4096 ? 4096 : 64;
+  const uint64_t align = alignment(n);
   const uint64_t pad = (align - data_size_ % align) % align;
   if (pad) {
     static const uint8_t zeros[4096] = {};

@@ -42,6 +42,8 @@ class ModelWriter {
 
   // Tensors smaller than this stay inline in the graph (as onnx.save's size_threshold).
   static constexpr uint64_t kInlineThreshold = 1024;
+  // Alignment of a tensor of n bytes in the data file (the padding before it is < this).
+  static constexpr uint64_t alignment(uint64_t n) { return n >= 4096 ? 4096 : 64; }
 
  private:
   void write_all(int fd, const void* data, uint64_t n, const std::string& what);

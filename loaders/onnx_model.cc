@@ -271,4 +271,10 @@ std::vector<std::string> OnnxModel::input_files() {
   return {files.begin(), files.end()};
 }
 
+int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return a.i();
+  return dflt;
+}
+
 }  // namespace nibble

@@ -49,4 +49,7 @@ class OnnxModel {
   std::unique_ptr<ExternalDataMap> external_;
 };
 
+// Integer attribute `name` of a node, or `dflt` when the node does not set it.
+int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt);
+
 }  // namespace nibble

@@ -1,15 +1,16 @@
-// AWQ-lite on the CPU: the statistics and the loss, written to match ModelOpt's numpy arithmetic
-// where that matters for bit-exact codes (reference spec §5.2-5.4).
+// AWQ on the CPU, the reference: the statistics, the scale formula, weight scaling and the loss,
+// plain scalar code that calls no fast kernel, written to match ModelOpt's numpy arithmetic where
+// that matters for bit-exact codes (the fast versions are in awq_fast.h).
 //
 // The loss uses the Gram form: for D = W - diag(1/s) Ŵ (Ŵ = dequant(quant(W ⊙ s))),
 //   L = mean_{t,n} (X W - (X ⊘ s) Ŵ)^2 = trace(Dᵀ (XᵀX) D) / (T N),
 // so calibration keeps XᵀX (K x K) instead of every token row (T x K), and one candidate costs
-// a K x K x N GEMM instead of T x K x N.
+// a K x K x N product instead of T x K x N.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "kernels/awq_types.h"
+#include "kernels/quant_types.h"
 
 namespace nibble::kernels {
 
@@ -28,30 +29,28 @@ std::vector<float> weight_mean(const std::vector<float>& w_kn, int64_t K, int64_
 // numpy's SIMD power, see calib/README.md).
 std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean, double alpha);
 
-// The AWQ loss of scale s for weight w (stored layout) against the Gram matrix gram32 (K x K fp32).
-// The scaled weight is rounded to w.dtype and quantized with `spec` exactly as the final weight.
-// With `clip_ratios`, the weight is quantized as nibble's final weights are: each block picks its
-// clip ratio by the error weighted with diag(XᵀX)[k] / s[k]^2 (rtn_quantize_weighted).
-// With `gram_upper` (gram_cholesky_upper of the same Gram matrix) the loss is ‖U D‖² instead of
-// Σ D ⊙ (G D): one triangular product, half the flops of the GEMM, the same quantity up to float32
-// rounding (nibble mode; modelopt mode keeps the GEMM form its parity was measured with).
-double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
-                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr,
-                const float* gram_upper = nullptr);
-
-// U with XᵀX = UᵀU (row-major, upper triangle; the strict lower triangle is zero), float32, from a
-// float64 Cholesky factorisation. A Gram matrix that is only semi-definite (a channel that is always
-// zero, fewer tokens than channels) gets a diagonal shift of 1e-12, then 1e-9 of its largest diagonal
-// element, which changes no loss comparison; empty when even that fails (the GEMM form is used then).
-std::vector<float> gram_cholesky_upper(const double* gram, int64_t K);
-
 // W ⊙ s along K in fp32 whatever w.dtype is (nibble mode), stored layout.
 std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s);
 
-// OpenBLAS runs single-threaded inside our parallel_for (called by awq_loss).
-void use_single_threaded_blas();
-
 // W ⊙ s along K, rounded to w.dtype, in the stored layout (what gets quantized).
 std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s);
+
+// W ⊘ d along N, rounded to w.dtype: w / round_to(dtype, d[n]) (a consumer's 1/s folded into the
+// columns of a weight that is itself quantized, divided before quantizing it).
+std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d);
+
+// diag(XᵀX)[k] / s[k]² as float (s null: diag(XᵀX)[k]): the per-channel weight of the clip choice.
+std::vector<float> channel_energy(const double* gram, int64_t K, const float* s);
+
+// U with XᵀX = UᵀU (row-major upper triangle), float64 Cholesky–Banachiewicz rows, the same diagonal
+// shifts as gram_cholesky_upper (awq_fast.h); empty when even the last shift fails.
+std::vector<float> gram_cholesky_upper_ref(const double* gram, int64_t K);
+
+// The AWQ loss of scale s for weight w (stored layout) against gram32 (XᵀX, K x K float32) over
+// `rows` tokens, summed in float64. The scaled weight is quantized as the final weight is: without
+// clip_ratios W ⊙ s rounded to w.dtype and plain RTN; with them W ⊙ s in fp32 and each block picking
+// its ratio by the error weighted with diag(XᵀX)[k] / s[k]² (rtn_quantize_weighted).
+double awq_loss_ref(const WeightMatrix& w, const float* s, const QuantSpec& spec, const float* gram32, int64_t rows,
+                    const std::vector<float>* clip_ratios);
 
 }  // namespace nibble::kernels

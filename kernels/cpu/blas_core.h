@@ -1,19 +1,12 @@
-// OpenBLAS kernel choice. Debian 12's OpenBLAS 0.3.21 (DYNAMIC_ARCH) does not know recent CPUs
-// (Sapphire Rapids, Zen 4) and falls back to its SSE3 "Prescott" kernels: measured on this
-// project's 2-core VM, single-threaded sgemm 1536x1536x576 runs at 31 GFLOP/s as Prescott, 78 as
-// Haswell and 146 as SkylakeX, and the AWQ loss is mostly sgemm.
+// Which OpenBLAS kernel set runs (for the log). Debian 12's OpenBLAS 0.3.21 (DYNAMIC_ARCH) does not
+// know recent CPUs (Sapphire Rapids, Zen 4) and falls back to its SSE3 "Prescott" kernels; the CLI
+// fixes that at start-up (cli/blas_startup.h).
 #pragma once
 #include <string>
 
 namespace nibble::kernels {
 
-// OpenBLAS reads OPENBLAS_CORETYPE only in its library constructor, before main() (and before an
-// executable's .preinit_array: tried). So when the user has not set it and OpenBLAS picked a
-// weaker kernel set than the CPU supports, this sets it and re-executes /proc/self/exe with the
-// same argv (same PID). Returns only when no re-exec was needed or possible.
-void reexec_for_better_blas(char** argv);
-
-// What OpenBLAS runs with, e.g. "SkylakeX" (for the log).
+// What OpenBLAS runs with, e.g. "SkylakeX".
 std::string blas_core_name();
 
 }  // namespace nibble::kernels

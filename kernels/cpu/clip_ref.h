@@ -13,12 +13,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/quant_types.h"
 
 namespace nibble::kernels {
-
-// ModelOpt's grid: [round(r, 2) for r in np.arange(alpha_min, 1.0, step)] + [1.0].
-std::vector<double> modelopt_clip_ratios(double step, double alpha_min);
 
 // ModelOpt's _clip_search of weight `w` (stored layout, values in w.dtype) on the token rows `x`
 // ([T, K] float32, row-major). Returns the chosen ratio of every block, [N * G] (index n * G + g),
@@ -31,21 +29,16 @@ std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& 
 // quant_tensor(W, block, alpha = best_alpha): s = max((amax * r) / qmax, 1e-5) in w.dtype.
 void rtn_quantize_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out);
 
-struct GramClipOptions {
-  std::vector<float> ratios;      // candidate ratios, tried in this order; 1.0 should come first
-  bool both_signs = true;         // symmetric: also try the negated scale (the extreme on code -2^(b-1))
-};
-
-// nibble's clip search: every block picks, among `opt.ratios` (x2 with both signs; zero-point mode
-// scales the block's [min, max]), the candidate with the smallest d_bᵀ G_bb d_b, G = gram (K x K,
-// float64, row-major) scaled by inv_s[i] * inv_s[j] when inv_s is given. A candidate replaces the
-// best only when strictly smaller. Codes, scales and zero points as rtn_quantize_ref lays them out;
-// scales rounded to scale_type(spec, w.dtype). Result independent of the thread count.
-// chosen (optional): the ratio picked per block, [N * G], negative when the scale was negated.
-// gram_block = 0: gram is the whole K x K matrix; = spec.block: only its block-diagonal, [G, B, B]
-// (block g at gram + g * B * B, the last block zero-padded), as calib/capture.py --gram_block writes it.
-void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
-                        const float* inv_s, const GramClipOptions& opt, QuantResult& out,
-                        std::vector<float>* chosen = nullptr);
+// nibble's clip search, the reference: every block picks, among `opt.ratios` (x2 with both signs;
+// zero-point mode scales the block's [min, max]), the candidate with the smallest d_bᵀ G_bb d_b,
+// G = gram (float64, row-major) scaled by inv_s[i] * inv_s[j] when inv_s is given and then rounded to
+// float32, the sum in float64. A candidate replaces the best only when strictly smaller. Codes,
+// scales and zero points as rtn_quantize_ref lays them out; scales rounded to scale_type(spec,
+// w.dtype). chosen (optional): the ratio picked per block, [N * G], negative when the scale was
+// negated. gram_block = 0: gram is the whole K x K matrix; = spec.block: only its block-diagonal,
+// [G, B, B] (block g at gram + g * B * B, the last block zero-padded), as calibration keeps it.
+void clip_quantize_gram_ref(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+                            const float* inv_s, const GramClipOptions& opt, QuantResult& out,
+                            std::vector<float>* chosen = nullptr);
 
 }  // namespace nibble::kernels

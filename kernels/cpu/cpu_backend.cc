@@ -1,20 +1,79 @@
-// The CPU backend: the fast CPU kernels, each tested bit for bit against its reference.
-#include "kernels/backend.h"
+// The CPU backend (fast kernels) and the reference backend (scalar `*_ref` kernels): they differ in
+// RTN, the weighted clip search, the AWQ loss, the Cholesky factor and the Gram clip search.
+#include "kernels/cpu/cpu_backend.h"
+
+#include "kernels/cpu/awq_fast.h"
+#include "kernels/cpu/awq_ref.h"
+#include "kernels/cpu/blas_core.h"
+#include "kernels/cpu/clip_fast.h"
+#include "kernels/cpu/clip_ref.h"
+#include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/rtn_fast.h"
+#include "kernels/cpu/rtn_ref.h"
+#include "kernels/parallel.h"
 
 namespace nibble::kernels {
 namespace {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public CpuCommon {
  public:
   std::string name() const override { return "cpu"; }
+  std::string describe() const override {
+    return "cpu: " + std::to_string(num_threads()) + " threads, RTN kernels " + rtn_isa_name(rtn_fast_isa()) +
+           ", OpenBLAS " + blas_core_name();
+  }
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override {
     rtn_quantize_fast(w, spec, out);
+  }
+  void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw, const std::vector<float>& ratios,
+                    QuantResult& out) override {
+    rtn_quantize_weighted_fast(w, spec, cw, ratios, out);
+  }
+  std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
+    return kernels::gram_cholesky_upper(gram, K);
+  }
+  std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
+                                 const QuantSpec& spec, const GramForm& g,
+                                 const std::vector<float>* clip_ratios) override {
+    const std::vector<float> w_kn = logical_weight(w);
+    std::vector<double> out;
+    for (const float* s : scales) out.push_back(awq_loss(w, w_kn, s, spec, g.gram32, g.rows, clip_ratios, g.upper));
+    return out;
+  }
+  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+                          const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
+    kernels::clip_quantize_gram(w, spec, gram, gram_block, inv_s, opt, out);
+  }
+};
+
+class ReferenceBackend final : public CpuCommon {
+ public:
+  std::string name() const override { return "reference"; }
+  std::string describe() const override { return "reference: plain scalar kernels"; }
+  void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override { rtn_quantize_ref(w, spec, out); }
+  void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw, const std::vector<float>& ratios,
+                    QuantResult& out) override {
+    rtn_quantize_weighted(w, spec, cw, ratios, out);
+  }
+  std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
+    return gram_cholesky_upper_ref(gram, K);
+  }
+  std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
+                                 const QuantSpec& spec, const GramForm& g,
+                                 const std::vector<float>* clip_ratios) override {
+    std::vector<double> out;
+    for (const float* s : scales) out.push_back(awq_loss_ref(w, s, spec, g.gram32, g.rows, clip_ratios));
+    return out;
+  }
+  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+                          const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
+    clip_quantize_gram_ref(w, spec, gram, gram_block, inv_s, opt, out);
   }
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_reference_backend() { return std::make_unique<ReferenceBackend>(); }
 
 }  // namespace nibble::kernels

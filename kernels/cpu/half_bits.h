@@ -26,6 +26,13 @@ inline uint32_t select_u32(bool c, uint32_t a, uint32_t b) {
   return (a & m) | (b & ~m);
 }
 
+// Round half to even without a libm call: adding 1.5 * 2^23 leaves no fraction bits, so the FPU's
+// default rounding does the work. rint_small is exact for |x| < 2^22 (callers that clamp to a code
+// range afterwards may pass anything: a larger |x| clamps the same either way); rint_fast for any x.
+constexpr float kRoundMagic = 12582912.0f;
+inline float rint_small(float x) { return (x + kRoundMagic) - kRoundMagic; }
+inline float rint_fast(float x) { return (x < 4194304.0f && x > -4194304.0f) ? rint_small(x) : x; }
+
 // half_to_float, branch-free: normals and inf/NaN by rebiasing the exponent; subnormals as
 // (2^-14 * (1 + m/1024)) - 2^-14 = m * 2^-24, exact.
 inline float half_to_float_bits(uint16_t h) {
@@ -48,7 +55,7 @@ inline uint16_t float_to_half_bits(float f) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t a = x & 0x7fffffffu;
   const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
-  const uint32_t sub = f32_bits(bits_f32(a) * 16777216.0f + 12582912.0f) - 0x4b400000u;
+  const uint32_t sub = f32_bits(bits_f32(a) * 16777216.0f + kRoundMagic) - 0x4b400000u;
   uint32_t h = select_u32(a < 0x38800000u, sub, normal);
   h = select_u32(a >= 0x477ff000u, 0x7c00u, h); // >= 65520 (and inf) rounds to inf
   h = select_u32(a > 0x7f800000u, 0x7e00u, h);  // NaN: quiet, no payload (as dtype.h)
@@ -62,7 +69,7 @@ inline float round_to_half_bits(float f) {
   const uint32_t sign = x & 0x80000000u;
   const uint32_t a = x & 0x7fffffffu;
   const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
-  const uint32_t sub = f32_bits(((bits_f32(a) * 16777216.0f + 12582912.0f) - 12582912.0f) * 5.9604644775390625e-08f);
+  const uint32_t sub = f32_bits(rint_small(bits_f32(a) * 16777216.0f) * 5.9604644775390625e-08f);
   uint32_t r = select_u32(a < 0x38800000u, sub, normal);
   r = select_u32(a >= 0x477ff000u, 0x7f800000u, r);
   r = select_u32(a > 0x7f800000u, 0x7fc00000u, r);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/cpu/awq_fast.h"
 #include "kernels/cpu/awq_ref.h"
 
 using namespace nibble;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"
 
@@ -15,17 +16,17 @@ using namespace nibble::kernels;
 
 TEST(Backend, CpuIsChosenWhenAsked) {
   std::string why;
-  auto b = make_backend(Device::kCpu, &why);
+  auto b = make_backend(BackendOptions{Device::kCpu}, &why);
   EXPECT_EQ(b->name(), "cpu");
   EXPECT_NE(why.find("cpu"), std::string::npos);
 }
 
 TEST(Backend, AutoFallsBackToCpuWithAReason) {
   std::string why;
-  auto b = make_backend(Device::kAuto, &why);
+  auto b = make_backend(BackendOptions{Device::kAuto}, &why);
   EXPECT_EQ(b->name(), "cpu");  // no CUDA kernels yet, on any machine
   EXPECT_NE(why.find("using CPU"), std::string::npos);
-  EXPECT_THROW(make_backend(Device::kCuda, nullptr), std::runtime_error);
+  EXPECT_THROW(make_backend(BackendOptions{Device::kCuda}, nullptr), std::runtime_error);
 }
 
 TEST(Backend, CpuBackendEqualsReference) {

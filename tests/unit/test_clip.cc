@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "host/algo/awq_clip.h"
+#include "kernels/cpu/clip_fast.h"
 #include "kernels/cpu/clip_ref.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"

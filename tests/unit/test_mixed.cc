@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "host/mixed_precision.h"
+#include "host/algo/mixed_precision.h"
 #include "loaders/error.h"
 
 using namespace nibble;

@@ -7,7 +7,7 @@
 #include <regex>
 #include <string>
 
-#include "host/plan.h"
+#include "host/graph/plan.h"
 
 using nibble::layer_index;
 

@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "host/options.h"
-#include "host/plan.h"
+#include "host/graph/plan.h"
+#include "kernels/backend.h"
 #include "kernels/quant_types.h"
 #include "loaders/model_writer.h"
 
@@ -23,7 +24,8 @@ namespace nibble {
 
 class GraphRewriter {
  public:
-  GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer);
+  // Packing runs on `backend` (the graph side knows no bit layout).
+  GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer, kernels::Backend& backend);
 
   // Emits the quantized form of one weight; returns the format used (a Gemm that MatMulNBits
   // cannot express falls back to dq) and the bytes written for it.
@@ -64,6 +66,7 @@ class GraphRewriter {
   onnx::ModelProto& model_;
   Format format_;
   ModelWriter& writer_;
+  kernels::Backend& backend_;
   std::set<std::string> names_;
   std::unordered_map<std::string, const onnx::TensorProto*> initializers_;
   std::map<int, std::vector<onnx::NodeProto>> insert_before_;

@@ -7,11 +7,36 @@
 #include <string>
 #include <vector>
 
-#include "host/options.h"
-#include "kernels/awq_types.h"
 #include "loaders/external_data.h"
 
 namespace nibble {
+
+// How calibration runs (the calibration flags of `nibble quantize`, same names).
+struct CalibrationOptions {
+  std::string calib_cache;      // keep the statistics here and reuse them
+  std::string dataset = "cnn";  // text source when no calib_data
+  std::string calib_data;       // .npz of ready model inputs
+  std::string calibration_eps = "cuda,cpu";
+  std::string model_name;       // where the tokenizer is
+  int64_t calib_size = 32;
+  int64_t calib_seq_len = 512;
+  int64_t batch_size = 1;
+  bool add_position_ids = false;
+  bool no_position_ids = false;
+  bool no_past_kv_inputs = false;
+  bool use_buffer_share = false;
+  bool use_fp32 = false;
+  int threads = 0;
+  bool quiet = false;
+};
+
+// What calibration measured on one activation (a MatMul input with K channels).
+struct ActivationStats {
+  int64_t K = 0;
+  int64_t rows = 0;               // tokens counted in gram
+  const float* x_mean = nullptr;  // mean |x| per channel (float32)
+  const double* gram = nullptr;   // XᵀX, K*K row-major
+};
 
 // What awq_clip asks calibration for besides (host/awq_clip.h): sample_tokens > 0 also keeps
 // ModelOpt's token sample of each activation; gram_block > 0 keeps only the block-diagonal of XᵀX
@@ -30,14 +55,14 @@ class Calibration {
   // Captures statistics for `activations` of `model_path` into a temporary folder (or
   // options.calib_cache, kept and reused when it already holds them). Throws Error.
   using Extras = CalibrationExtras;
-  static std::unique_ptr<Calibration> run(const QuantizeOptions& options, const std::string& model_path,
+  static std::unique_ptr<Calibration> run(const CalibrationOptions& options, const std::string& model_path,
                                           const std::vector<Request>& activations, bool mask_padding,
                                           const Extras& extras = {});
   ~Calibration();
 
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).
-  kernels::ActivationStats stats(const std::string& activation, bool numpy_mean);
+  ActivationStats stats(const std::string& activation, bool numpy_mean);
   // The activation's Gram matrix as float32 (what the loss GEMMs take); its float64 pages are dropped
   // from memory afterwards (read again from the file if asked again), so only the activation being
   // searched is resident.
@@ -50,7 +75,6 @@ class Calibration {
   // ModelOpt's token sample (CalibrationExtras::sample_tokens): *rows x K float32, nullptr when empty.
   const float* token_sample(const std::string& activation, int64_t K, int64_t* rows);
   int64_t tokens() const { return tokens_; }
-  const std::string& folder() const { return dir_; }
 
   // ModelOpt's get_scale for every alpha, computed by numpy: one vector of K per alpha and item.
   struct GridItem {

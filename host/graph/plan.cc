@@ -1,4 +1,4 @@
-#include "host/plan.h"
+#include "host/graph/plan.h"
 
 #include <cstdint>
 #include <limits>
@@ -14,11 +14,6 @@ namespace {
 
 bool is_default_domain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
 
-int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return a.i();
-  return dflt;
-}
 
 
 // "/model/layers.12/attn/qkv_proj/MatMul" -> "attn/qkv_proj"

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "host/awq.h"
-#include "host/calibration.h"
+#include "host/algo/awq.h"
+#include "calib/calibration.h"
 #include "host/options.h"
-#include "host/plan.h"
+#include "host/graph/plan.h"
 #include "kernels/quant_types.h"
 #include "loaders/onnx_model.h"
 
@@ -26,6 +26,9 @@ namespace nibble {
 // ModelOpt's max_tokens (int4.py _clip_search): the token sample modelopt mode asks calibration for.
 constexpr int64_t kClipMaxTokens = 64;
 
+// ModelOpt's grid: [round(r, 2) for r in np.arange(alpha_min, 1.0, step)] + [1.0].
+std::vector<double> modelopt_clip_ratios(double step, double alpha_min);
+
 // What calibration must keep for the clip search: modelopt mode ModelOpt's token sample; nibble-mode
 // awq_clip only the block-diagonal of XᵀX (what its loss reads: ~K·B instead of K² per activation).
 Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan);
@@ -33,11 +36,12 @@ Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan)
 // awq_full in modelopt mode: each node's own scale s* (per_node) and the final scales (siblings'
 // mean with fuse on, as awq_lite_search gives them).
 void awq_full_modelopt_scales(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                              std::map<std::string, AwqChoice>* per_node, std::map<std::string, AwqChoice>* final_scales);
+                              kernels::Backend& backend, std::map<std::string, AwqChoice>* per_node,
+                              std::map<std::string, AwqChoice>* final_scales);
 
 class ClipSearch {
  public:
-  ClipSearch(const QuantizeOptions& o, Calibration& calib, bool modelopt);
+  ClipSearch(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
 
   // modelopt mode: searches every weight of the plan now (on W ⊙ s* with per_node, else on W).
   void search_modelopt(OnnxModel& model, const Plan& plan, const std::map<std::string, AwqChoice>* per_node);
@@ -47,12 +51,10 @@ class ClipSearch {
   void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
                 const std::vector<float>* awq_scale, kernels::QuantResult& q);
 
-  // The chosen ratios of a weight ([N * G], n * G + g; nibble mode: negative = negated scale).
-  const std::vector<float>* ratios(const std::string& weight) const;
-
  private:
   const QuantizeOptions& o_;
   Calibration& calib_;
+  kernels::Backend& backend_;
   bool modelopt_;
   std::map<std::string, std::vector<float>> ratios_;
 };

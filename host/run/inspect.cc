@@ -1,9 +1,9 @@
 // `nibble inspect MODEL`: the plan without the work (like llama-quantize --dry-run).
 #include <cstdio>
 
-#include "host/pipeline.h"
-#include "host/plan.h"
-#include "host/progress.h"
+#include "host/run/pipeline.h"
+#include "host/graph/plan.h"
+#include "host/run/progress.h"
 #include "loaders/onnx_model.h"
 
 namespace nibble {

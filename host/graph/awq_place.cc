@@ -1,20 +1,15 @@
-// Where the AWQ input scales 1/s go (see host/awq.h).
+#include "host/graph/awq_place.h"
+
 #include <spdlog/spdlog.h>
 
 #include <set>
 
-#include "host/awq.h"
-#include "host/rewrite.h"
+#include "host/graph/rewrite.h"
 #include "loaders/error.h"
 
 namespace nibble {
 namespace {
 
-int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return a.i();
-  return dflt;
-}
 
 // Divides a constant by s along one axis: `axis_len` consecutive... generic over a [outer, K, inner] view.
 std::vector<uint8_t> divide(OnnxModel& model, const onnx::TensorProto& t, const std::vector<float>& s,
@@ -40,7 +35,7 @@ bool is_float_const(const onnx::TensorProto* t) {
 }  // namespace
 
 std::map<std::string, std::vector<float>> place_awq_scales(OnnxModel& model, const Plan& plan,
-                                                           const std::map<std::string, AwqChoice>& choices,
+                                                           const std::map<std::string, std::vector<float>>& scales,
                                                            GraphRewriter& rw, bool fuse) {
   std::map<std::string, std::vector<float>> column_divisors;
   const auto& g = model.proto().graph();
@@ -60,7 +55,7 @@ std::map<std::string, std::vector<float>> place_awq_scales(OnnxModel& model, con
     return inv;
   };
   auto per_weight_mul = [&](const PlannedWeight& pw) {
-    rw.insert_scale_mul(pw.activation, pw.nodes, pw.dtype, inverse(choices.at(pw.weight).scale, pw.dtype),
+    rw.insert_scale_mul(pw.activation, pw.nodes, pw.dtype, inverse(scales.at(pw.weight), pw.dtype),
                         pw.weight + "_PQS", pw.weight + "_awq_scale", pw.weight + "_PQS_Tensor");
   };
 
@@ -70,7 +65,7 @@ std::map<std::string, std::vector<float>> place_awq_scales(OnnxModel& model, con
       for (size_t i : idx) per_weight_mul(plan.weights[i]);
       continue;
     }
-    const std::vector<float>& s = choices.at(first.weight).scale;
+    const std::vector<float>& s = scales.at(first.weight);
     const int64_t K = int64_t(s.size());
     std::vector<int> consumers;
     for (size_t i : idx) consumers.insert(consumers.end(), plan.weights[i].nodes.begin(), plan.weights[i].nodes.end());

@@ -1,4 +1,4 @@
-#include "host/opset.h"
+#include "host/graph/opset.h"
 
 #include <map>
 #include <vector>

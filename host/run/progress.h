@@ -1,6 +1,7 @@
 // Progress of a long run on stderr: a redrawn bar on a terminal, one plain line per item
 // otherwise (logs, CI), nothing with --quiet.
 #pragma once
+#include "host/text.h"
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -22,6 +23,5 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
-std::string human_bytes(uint64_t n);
 
 }  // namespace nibble

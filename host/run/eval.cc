@@ -1,10 +1,10 @@
-#include "host/eval.h"
+#include "host/run/eval.h"
 
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
 
-#include "host/calibration.h"
+#include "calib/calibration.h"
 #include "loaders/error.h"
 
 namespace nibble {

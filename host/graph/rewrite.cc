@@ -1,7 +1,6 @@
-#include "host/rewrite.h"
+#include "host/graph/rewrite.h"
 
-#include "host/opset.h"
-#include "kernels/cpu/pack.h"
+#include "host/graph/opset.h"
 #include "loaders/error.h"
 
 namespace nibble {
@@ -45,11 +44,6 @@ float float_attr(const onnx::NodeProto& n, const std::string& name, float dflt) 
   return dflt;
 }
 
-int64_t int_attr(const onnx::NodeProto& n, const std::string& name, int64_t dflt) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return a.i();
-  return dflt;
-}
 
 int code_type(const kernels::QuantSpec& spec) {
   if (spec.bits == 4) return int(spec.zero_point ? DType::kUInt4 : DType::kInt4);
@@ -58,8 +52,8 @@ int code_type(const kernels::QuantSpec& spec) {
 
 }  // namespace
 
-GraphRewriter::GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer)
-    : model_(model), format_(format), writer_(writer) {
+GraphRewriter::GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer, kernels::Backend& backend)
+    : model_(model), format_(format), writer_(writer), backend_(backend) {
   const auto& g = model_.graph();
   for (const auto& t : g.initializer()) {
     names_.insert(t.name());
@@ -135,7 +129,7 @@ void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& s
     zp = unique_name(pw.weight + "_zp");
     std::vector<uint8_t> zeros(q.scales.size(), 0);
     add_initializer(zp, code_type(spec), scale_dims,
-                    kernels::pack_onnx(spec.zero_point ? q.zero_points : zeros, spec.bits));
+                    backend_.pack_onnx(spec.zero_point ? q.zero_points : zeros, spec.bits));
   }
   auto attrs = [&](onnx::NodeProto& n) {
     set_int_attr(n, "axis", axis);
@@ -157,7 +151,7 @@ void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& s
     inserted.push_back(std::move(qn));
   } else {
     codes = unique_name(pw.weight + "_i4");
-    add_initializer(codes, code_type(spec), {pw.rows, pw.cols}, kernels::pack_onnx(q.codes, spec.bits));
+    add_initializer(codes, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx(q.codes, spec.bits));
   }
   onnx::NodeProto dq;
   dq.set_name(unique_name(pw.weight + "_DequantizeLinear"));
@@ -194,7 +188,7 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
     if (spec.zero_point) rep.zero_points.resize(size_t(Gl * N));
     for (int64_t g = 0; g < Gl; ++g)
       for (int64_t n = 0; n < N; ++n) {
-        const size_t i = size_t(pw.k_axis == 0 ? g * N + n : n * Gl + g);
+        const size_t i = shape.param_index(Gl, g, n);
         rep.scales[i] = q.scales[size_t(n)];
         if (spec.zero_point) rep.zero_points[i] = q.zero_points[size_t(n)];
       }
@@ -204,14 +198,14 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
   const int64_t G = qp->groups;
   const std::string b = unique_name(pw.weight + "_Q4");
   add_initializer(b, int(DType::kUInt8), {N, G, layout_block * spec.bits / 8},
-                  kernels::pack_matmulnbits_weight(shape, lspec, *qp, layout_block));
+                  backend_.pack_matmulnbits_weight(shape, lspec, *qp, layout_block));
   const std::string scales = unique_name(pw.weight + "_scales");
-  add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, kernels::matmulnbits_scales(shape, *qp)));
+  add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, backend_.matmulnbits_scales(shape, *qp)));
   std::string zps;
   if (spec.zero_point) {
     zps = unique_name(pw.weight + "_zero_points");
     const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
-    add_initializer(zps, int(DType::kUInt8), {N, row}, kernels::pack_matmulnbits_zero_points(shape, lspec, *qp));
+    add_initializer(zps, int(DType::kUInt8), {N, row}, backend_.pack_matmulnbits_zero_points(shape, lspec, *qp));
   }
   for (int i : pw.nodes) {
     const onnx::NodeProto& old = model_.graph().node(i);

@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "host/calibration.h"
+#include "calib/calibration.h"
 #include "host/options.h"
-#include "host/plan.h"
+#include "host/graph/plan.h"
+#include "kernels/backend.h"
 #include "loaders/onnx_model.h"
 
 namespace nibble {
@@ -24,11 +25,13 @@ struct AwqChoice {
 };
 
 // ModelOpt with fuse on: siblings (MatMuls sharing an input) all get the mean of their scales.
-void average_sibling_scales_modelopt(const Plan& plan, std::map<std::string, AwqChoice>* choices);
+void average_sibling_scales_modelopt(const Plan& plan, kernels::Backend& backend,
+                                     std::map<std::string, AwqChoice>* choices);
 
-// Searches every weight of the plan. `progress` is called once per weight searched.
+// Searches every weight of the plan, in ModelOpt's arithmetic or nibble's.
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                 const QuantizeOptions& options, bool modelopt);
+                                                 const QuantizeOptions& options, bool modelopt,
+                                                 kernels::Backend& backend);
 
 // Clip ratios a block may choose from in nibble mode (with either sign of the scale).
 const std::vector<float>& block_clip_ratios();
@@ -38,18 +41,3 @@ std::vector<double> awq_alphas(double step);
 
 }  // namespace nibble
 
-namespace nibble {
-class GraphRewriter;
-
-// Puts 1/s on the activation side of every searched weight: folded into the producer where that is
-// exact — (Skip)SimplifiedLayerNormalization and LayerNormalization scale (and LayerNormalization
-// bias; never a Skip bias, which is added before the norm), a Mul by a constant, a MatMul/Gemm
-// producer's weight columns — and otherwise a Mul node (one per group of siblings, or one per
-// weight with --awqlite_disable_fuse_nodes or when the activation is a graph input). Returns, for
-// planned weights that are themselves producers, the column divisors to apply BEFORE they are
-// quantized (ModelOpt folds after, and loses the 1/s).
-std::map<std::string, std::vector<float>> place_awq_scales(OnnxModel& model, const Plan& plan,
-                                                           const std::map<std::string, AwqChoice>& choices,
-                                                           GraphRewriter& rewriter, bool fuse);
-
-}  // namespace nibble

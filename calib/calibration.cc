@@ -1,4 +1,4 @@
-#include "host/calibration.h"
+#include "calib/calibration.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/quant_types.h"
+#include "loaders/external_data.h"
 #include "loaders/error.h"
 
 extern char** environ;
@@ -103,7 +104,7 @@ void run_child(const std::vector<std::string>& argv, const std::string& error_pr
               (last_line.empty() ? "" : ": " + last_line) + "): " + shell_join(argv));
 }
 
-std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const std::string& model_path,
+std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const std::string& model_path,
                                               const std::vector<Request>& acts, bool mask_padding,
                                               const Extras& extras) {
   std::unique_ptr<Calibration> c(new Calibration());
@@ -281,9 +282,9 @@ std::vector<float> Calibration::gram_f32(const std::string& activation) {
   return out;
 }
 
-kernels::ActivationStats Calibration::stats(const std::string& activation, bool numpy_mean) {
+ActivationStats Calibration::stats(const std::string& activation, bool numpy_mean) {
   Entry& e = entries_.at(activation);
-  kernels::ActivationStats s;
+  ActivationStats s;
   s.K = e.K;
   s.rows = e.rows;
   if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");

@@ -1,4 +1,4 @@
-#include "host/mixed_precision.h"
+#include "host/algo/mixed_precision.h"
 
 #include <spdlog/spdlog.h>
 
@@ -9,9 +9,8 @@
 #include <numeric>
 #include <regex>
 
-#include "host/progress.h"
-#include "host/rewrite.h"
-#include "kernels/cpu/awq_ref.h"
+#include "host/graph/rewrite.h"
+#include "host/text.h"
 #include "loaders/error.h"
 #include "loaders/tensor_view.h"
 
@@ -56,33 +55,24 @@ uint64_t tensor_output_bytes(uint64_t n, SizeMode mode) {
   if (mode == SizeMode::kPayload) return n;
   // Small tensors stay inline in the graph; big ones are aligned (up to 4095 bytes of padding).
   if (n < ModelWriter::kInlineThreshold) return n + 64;
-  const uint64_t pad = n >= 4096 ? (mode == SizeMode::kBound ? 4095 : 2048) : (mode == SizeMode::kBound ? 63 : 32);
+  const uint64_t align = ModelWriter::alignment(n);
+  const uint64_t pad = mode == SizeMode::kBound ? align - 1 : align / 2;
   return n + pad + 128;
 }
 
-bool mixed_enabled(const QuantizeOptions& o) {
-  return o.enable_mixed_quant || !o.layers_8bit.empty() || !o.mixed_strategy.empty();
-}
+bool mixed_enabled(const QuantizeOptions& o) { return o.mixed_strategy() != MixedStrategy::kNone; }
 
-std::string mixed_strategy(const QuantizeOptions& o) {
-  if (!mixed_enabled(o)) return "";
-  if (!o.layers_8bit.empty()) return "layers_8bit";
-  return o.mixed_strategy.empty() ? "modelopt" : o.mixed_strategy;
-}
-
-bool mixed_needs_calibration(const QuantizeOptions& o) { return mixed_strategy(o) == "sensitivity"; }
+bool mixed_needs_calibration(const QuantizeOptions& o) { return o.mixed_strategy() == MixedStrategy::kSensitivity; }
 
 void validate_mixed_options(const QuantizeOptions& o) {
-  if (!o.mixed_strategy.empty() && o.mixed_strategy != "modelopt" && o.mixed_strategy != "sensitivity")
-    throw Error("--mixed_strategy " + o.mixed_strategy + " is unknown (choose modelopt or sensitivity)");
   if (!o.layers_8bit.empty()) {
     parse_layers_8bit(o.layers_8bit);
-    if (o.mixed_strategy == "sensitivity")
+    if (o.mixed_strategy_flag == MixedStrategy::kSensitivity)
       throw Error("--layers_8bit names the INT8 layers itself: it cannot be combined with --mixed_strategy sensitivity");
   }
   if (!o.mixed_budget.empty()) {
     parse_mixed_budget(o.mixed_budget);
-    if (mixed_strategy(o) != "sensitivity")
+    if (o.mixed_strategy() != MixedStrategy::kSensitivity)
       throw Error("--mixed_budget applies to --mixed_strategy sensitivity only");
   }
 }
@@ -215,11 +205,12 @@ uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, F
 }
 
 void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, MixedOutcome* out) {
-  const std::string strategy = mixed_strategy(o);
-  out->strategy = strategy;
+  const MixedStrategy strategy = o.mixed_strategy();
+  const bool by_flag = strategy == MixedStrategy::kLayers8bit;
+  out->strategy = name_of(strategy);
   std::vector<std::string> patterns;
   std::set<std::string> defaults;
-  if (strategy == "layers_8bit") {
+  if (by_flag) {
     patterns = parse_layers_8bit(o.layers_8bit);
   } else {
     defaults = modelopt_default_8bit_nodes(model.proto().graph());
@@ -239,50 +230,51 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
       set_int8(pw);
       ++n8;
       j["precision"] = 8;
-      j["why"] = strategy == "layers_8bit"
+      j["why"] = by_flag
                      ? "--layers_8bit pattern '" + hit + "' matches node " + node
                      : "ModelOpt's default choice (qkv/v/down projections: first and last n/8 of the group, "
                        "every third between) selects " + hit;
     } else {
       j["precision"] = 4;
-      j["why"] = strategy == "layers_8bit" ? "no --layers_8bit pattern matches node " + node
+      j["why"] = by_flag ? "no --layers_8bit pattern matches node " + node
                                            : "not in ModelOpt's default INT8 set";
     }
     out->per_weight[pw.weight] = j;
   }
-  out->summary = {{"strategy", strategy}, {"int8_weights", n8}, {"int4_weights", int64_t(plan.weights.size()) - n8}};
-  if (strategy == "modelopt" && defaults.empty())
+  out->summary = {{"strategy", out->strategy}, {"int8_weights", n8}, {"int4_weights", int64_t(plan.weights.size()) - n8}};
+  if (strategy == MixedStrategy::kModelopt && defaults.empty())
     spdlog::warn("--enable_mixed_quant: no node is named like ORT-GenAI's /model/layers.N/(self_)attn/qkv_proj|v_proj "
                  "or mlp/down_proj MatMul, so ModelOpt's default choice keeps every weight at 4 bits "
                  "(use --layers_8bit or --mixed_strategy sensitivity)");
-  spdlog::info("mixed precision ({}): {} of {} weights INT8", strategy, n8, plan.weights.size());
+  spdlog::info("mixed precision ({}): {} of {} weights INT8", out->strategy, n8, plan.weights.size());
 }
 
 void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                             Format format, std::map<std::string, AwqChoice>* choices, MixedOutcome* out) {
+                             Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
+                             MixedOutcome* out) {
   out->strategy = "sensitivity";
   const bool awq = choices != nullptr;
-  const bool modelopt_awq = o.awq_mode == "modelopt";
+  const bool modelopt_awq = o.modelopt();
   const bool zp = o.use_zero_point;
   const size_t W = plan.weights.size();
 
   // Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (awq_loss · N).
   std::vector<double> e4(W, 0), e8(W, 0);
   for (const auto& [act, idx] : plan.siblings) {
-    const kernels::ActivationStats st = calib.stats(act, modelopt_awq);
+    const ActivationStats st = calib.stats(act, modelopt_awq);
     const std::vector<float> g32 = calib.gram_f32(act);
+    const kernels::GramForm g{st.K, st.rows, g32.data(), nullptr};
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));
       kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis};
-      const std::vector<float> w_kn = kernels::logical_weight(w);
       std::vector<float> ones(size_t(pw.K()), 1.0f);
       const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
       const std::vector<float>* clip = awq && !modelopt_awq ? &block_clip_ratios() : nullptr;
       kernels::QuantSpec s4{4, pw.resolved_block(), zp};
       kernels::QuantSpec s8{8, pw.K(), zp};
-      e4[i] = kernels::awq_loss(w, w_kn, s, s4, g32.data(), st.rows, clip) * double(pw.N());
-      e8[i] = kernels::awq_loss(w, w_kn, s, s8, g32.data(), st.rows, clip) * double(pw.N());
+      e4[i] = backend.awq_losses(w, {s}, s4, g, clip)[0] * double(pw.N());
+      e8[i] = backend.awq_losses(w, {s}, s8, g, clip)[0] * double(pw.N());
       model.release(v);
     }
   }
@@ -398,7 +390,7 @@ void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, c
       if (acts8.count(pw.activation)) sub.weights.push_back(pw);
     for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
     spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
-    auto again = awq_lite_search(model, sub, calib, o, modelopt_awq);
+    auto again = awq_lite_search(model, sub, calib, o, modelopt_awq, backend);
     for (auto& [name, c] : again) (*choices)[name] = std::move(c);
   }
 }

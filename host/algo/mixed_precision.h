@@ -1,4 +1,4 @@
-// Mixed INT4/INT8 precision (reference spec §7, issue 9): which planned weights get 8 bits.
+// Mixed INT4/INT8 precision : which planned weights get 8 bits.
 //   modelopt     ModelOpt's default choice (§7.1): the qkv/v/down projections of ORT-GenAI-named
 //                graphs, per group the first and last n/8 in graph order and every third between;
 //   layers_8bit  --layers_8bit patterns, matched as token subsequences of node names (§7.2);
@@ -14,18 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "host/awq.h"
-#include "host/calibration.h"
+#include "host/algo/awq.h"
+#include "calib/calibration.h"
 #include "host/options.h"
-#include "host/plan.h"
+#include "host/graph/plan.h"
 #include "loaders/onnx_model.h"
 
 namespace nibble {
 
 // Whether any INT8 layers are asked for (--enable_mixed_quant, --layers_8bit, --mixed_strategy).
 bool mixed_enabled(const QuantizeOptions& o);
-// "modelopt", "layers_8bit" or "sensitivity" ("" when mixed precision is off).
-std::string mixed_strategy(const QuantizeOptions& o);
 // Whether the strategy needs calibration statistics (sensitivity does, even for RTN).
 bool mixed_needs_calibration(const QuantizeOptions& o);
 // Throws Error (one line) for a bad --layers_8bit, --mixed_strategy or --mixed_budget.
@@ -70,6 +68,7 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
 // The sensitivity strategy, after calibration. For AWQ, `choices` holds the 4-bit search; the
 // weights that end at 8 bits (and their siblings) are searched again at their precision.
 void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                             Format format, std::map<std::string, AwqChoice>* choices, MixedOutcome* out);
+                             Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
+                             MixedOutcome* out);
 
 }  // namespace nibble

@@ -1,0 +1,157 @@
+// emit and copy the rest (host/run/stages.h): each planned weight streams from the memory map
+// through the backend to the writer, one at a time.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "host/graph/awq_place.h"
+#include "host/run/progress.h"
+#include "host/run/stages.h"
+#include "loaders/error.h"
+
+namespace nibble {
+namespace {
+
+// A kernel producing NaN/Inf scales means the weight itself holds NaN/Inf: say where.
+void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
+  if (!std::isfinite(q.sq_error))
+    throw Error("weight '" + pw.weight + "' holds NaN or Inf values: it cannot be quantized");
+  for (size_t i = 0; i < q.scales.size(); ++i)
+    if (!std::isfinite(q.scales[i]))
+      throw Error("weight '" + pw.weight + "': block " + std::to_string(i) +
+                  " has a non-finite scale (the weight holds NaN or Inf values)");
+}
+
+// What the backend quantizes: W, or for AWQ W ⊙ s (after dividing the columns by a consumer's 1/s
+// folded into this weight); `buffer` owns the prepared copy.
+struct Prepared {
+  kernels::WeightMatrix w;
+  kernels::QuantSpec spec;
+  std::vector<uint8_t> buffer;
+};
+
+Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* data, const std::vector<float>* s,
+                 const std::vector<float>* divisor, bool zero_point, kernels::Backend& backend) {
+  Prepared p;
+  p.w = kernels::WeightMatrix{pw.dtype, data, pw.rows, pw.cols, pw.k_axis};
+  p.spec.bits = pw.bits;
+  p.spec.block = pw.resolved_block();
+  p.spec.zero_point = zero_point;
+  if (!s) return p;
+  if (divisor) {
+    p.buffer = backend.divide_columns(p.w, divisor->data());
+    p.w.data = p.buffer.data();
+  }
+  if (o.modelopt()) {
+    p.buffer = backend.scale_weight(p.w, s->data());
+  } else {  // nibble: W ⊙ s in fp32, scales rounded to the weight dtype
+    p.buffer = backend.scale_weight_f32(p.w, s->data());
+    p.w.dtype = DType::kFloat32;
+    p.spec.scale_dtype = pw.dtype;
+  }
+  p.w.data = p.buffer.data();
+  return p;
+}
+
+kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
+                              const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
+  kernels::QuantResult q;
+  if (o.searches_clip()) {
+    searched.clipper->quantize(pw, p.w, p.spec, s, q);
+  } else if (s && !o.modelopt()) {
+    // nibble mode: each block picks its clip ratio by the activation-weighted error, the weight of
+    // input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
+    const ActivationStats st = searched.calib->stats(pw.activation, false);
+    const std::vector<float> energy = backend.channel_energy(st.gram, st.K, s->data());
+    backend.rtn_weighted(p.w, p.spec, energy.data(), block_clip_ratios(), q);
+  } else {
+    backend.rtn(p.w, p.spec, q);
+  }
+  validate_result(pw, q);
+  return q;
+}
+
+nlohmann::json weight_entry(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
+                            Format used, uint64_t bytes, double secs) {
+  const int64_t n = pw.rows * pw.cols;
+  return {{"name", pw.weight},       {"node", pw.node_name},
+          {"nodes", pw.nodes.size()}, {"op_type", pw.op_type},
+          {"shape", {pw.rows, pw.cols}}, {"k_axis", pw.k_axis},
+          {"dtype", dtype_name(pw.dtype)}, {"layer", pw.layer},
+          {"role", pw.role},           {"bits", pw.bits},
+          {"block_size", pw.block},    {"zero_point", spec.zero_point},
+          {"format", name_of(used)},   {"mse", q.sq_error / double(n)},
+          {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)}, {"bytes_out", bytes},
+          {"seconds", secs}};
+}
+
+}  // namespace
+
+Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
+                   GraphRewriter& rewriter, kernels::Backend& backend) {
+  const Plan& plan = planned.plan;
+  Emitted e;
+  for (const auto& pw : plan.weights) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+  int64_t n_int8 = 0;
+  for (const auto& pw : plan.weights) n_int8 += pw.bits == 8;
+  spdlog::info("quantizing {} weights ({}) of {}: {} INT4 block {}{} -> {}", plan.weights.size(),
+               human_bytes(e.bytes_in), o.onnx_path, name_of(o.algo), o.block_size,
+               n_int8 ? " + " + std::to_string(n_int8) + " INT8 per channel" : std::string(), name_of(planned.format));
+  // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
+  e.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
+  std::map<std::string, std::vector<float>> scales, column_divisors;
+  for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
+  if (o.searches_scales())
+    column_divisors = place_awq_scales(model, plan, scales, rewriter, !o.awqlite_disable_fuse_nodes);
+  Progress progress(int64_t(plan.weights.size()), e.bytes_in, !o.quiet);
+  for (const auto& pw : plan.weights) {
+    const auto tw = std::chrono::steady_clock::now();
+    TensorView v = model.view(*model.initializer(pw.weight));
+    const auto s = scales.find(pw.weight);
+    const std::vector<float>* sp = s == scales.end() ? nullptr : &s->second;
+    const auto cd = column_divisors.find(pw.weight);
+    const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
+                               backend);
+    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, backend);
+    uint64_t bytes = 0;
+    const Format used = rewriter.emit(pw, p.spec, q, &bytes);
+    if (used != planned.format)
+      spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
+                   pw.weight, pw.node_name);
+    if (!pw.keep_float) model.release(v);
+    const int64_t n = pw.rows * pw.cols;
+    e.bytes_out += bytes;
+    e.sq_error += q.sq_error;
+    e.elements += n;
+    e.weights.push_back(weight_entry(pw, p.spec, q, used, bytes,
+                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count()));
+    if (planned.mixed.per_weight.count(pw.weight)) e.weights.back()["mixed"] = planned.mixed.per_weight.at(pw.weight);
+    if (sp) {
+      e.weights.back()["awq_alpha"] = searched.choices.at(pw.weight).alpha;
+      e.weights.back()["awq_losses"] = searched.choices.at(pw.weight).losses;
+    }
+    progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
+                      dtype_name(pw.dtype) + " -> int" + std::to_string(pw.bits) + " " +
+                      human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
+                  uint64_t(n) * dtype_size(pw.dtype));
+  }
+  progress.finish();
+  return e;
+}
+
+uint64_t copy_rest_stage(OnnxModel& model, const GraphRewriter& rewriter, ModelWriter& writer) {
+  uint64_t copied = 0;
+  for (auto& t : *model.proto().mutable_graph()->mutable_initializer()) {
+    if (rewriter.removed_initializers().count(t.name()) || rewriter.written_initializers().count(t.name())) continue;
+    const bool external = t.data_location() == onnx::TensorProto::EXTERNAL;
+    if (!external && t.raw_data().size() < ModelWriter::kInlineThreshold) continue;
+    TensorView v = model.view(t);  // checks the range
+    if (external) writer.put_from_file(t, model.external_path(v), v.ref.offset, v.nbytes);
+    else writer.put(t, v.data, v.nbytes);
+    copied += v.nbytes;
+  }
+  return copied;
+}
+
+}  // namespace nibble

@@ -1,0 +1,85 @@
+// commit and report (host/run/stages.h).
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <cmath>
+
+#include "host/run/progress.h"
+#include "host/run/report.h"
+#include "host/run/stages.h"
+#include "loaders/genai_folder.h"
+
+namespace nibble {
+namespace {
+
+uint64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return uint64_t(ru.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const Emitted& emitted,
+                       GraphRewriter& rewriter, ModelWriter& writer) {
+  rewriter.finish();
+  int64_t n_int8 = 0;
+  for (const auto& pw : planned.plan.weights) n_int8 += pw.bits == 8;
+  auto* meta = model.proto().add_metadata_props();
+  meta->set_key("nibble.quantization");
+  meta->set_value(std::string("algo=") + name_of(o.algo) + " format=" + name_of(planned.format) +
+                  " block_size=" + std::to_string(o.block_size) + " zero_point=" + (emitted.zero_point ? "1" : "0") +
+                  (planned.mixed.strategy.empty()
+                       ? ""
+                       : " mixed=" + planned.mixed.strategy + " int8=" + std::to_string(n_int8)));
+  writer.commit(model.proto());
+  Committed c;
+  c.companions = copy_genai_companions(model.path(), writer.out_path(), o.force);
+  c.output_bytes = writer.data_bytes() + uint64_t(model.proto().ByteSizeLong());
+  if (!o.quiet)
+    spdlog::info("wrote {} ({} graph + {} data){}", writer.out_path(), human_bytes(model.proto().ByteSizeLong()),
+                 human_bytes(writer.data_bytes()),
+                 c.companions.empty() ? "" : " and " + std::to_string(c.companions.size()) + " GenAI/tokenizer files");
+  return c;
+}
+
+void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& e, const Committed& c,
+                  uint64_t copied, double secs, const kernels::Backend& backend) {
+  const size_t nw = planned.plan.weights.size();
+  if (!o.quiet)
+    spdlog::info("{} weights: {} -> {} ({:.2f} bits/weight), {} copied unchanged, rms error {:.3g}; "
+                 "{:.2f} s, peak RSS {}",
+                 nw, human_bytes(e.bytes_in), human_bytes(e.bytes_out),
+                 e.elements ? 8.0 * double(e.bytes_out) / double(e.elements) : 0.0, human_bytes(copied),
+                 std::sqrt(e.sq_error / double(e.elements)), secs, human_bytes(peak_rss_bytes()));
+  if (o.report.empty()) return;
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& s : planned.plan.skipped)
+    skipped.push_back({{"node", s.node}, {"op_type", s.op_type}, {"reason", s.reason}});
+  // Who ran each stage: calibration is ONNX Runtime in calib/capture.py; the array work is the backend's.
+  nlohmann::json stages = {{"quantize", backend.name()}, {"pack", backend.name()}};
+  if (needs_calibration(o)) {
+    stages["calibrate"] = "onnxruntime (" + o.calib.calibration_eps + ")";
+    stages["search"] = backend.name();
+  }
+  nlohmann::json report = {{"tool", "nibble"},
+                           {"options", options_to_json(o)},
+                           {"backend", backend.name()},
+                           {"stages", stages},
+                           {"weights", e.weights},
+                           {"skipped", skipped},
+                           {"summary",
+                            {{"weights_quantized", nw},
+                             {"bytes_in", e.bytes_in},
+                             {"bytes_quantized_out", e.bytes_out},
+                             {"bytes_copied", copied},
+                             {"output_bytes", c.output_bytes},
+                             {"mse", e.sq_error / double(e.elements)},
+                             {"seconds", secs},
+                             {"peak_rss_bytes", peak_rss_bytes()},
+                             {"genai_files", c.companions}}}};
+  if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
+  write_json_file(o.report, report);
+}
+
+}  // namespace nibble

@@ -1,0 +1,63 @@
+// `nibble quantize`: the stages of host/run/stages.h in order, and the checks of the options.
+#include "host/run/pipeline.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "host/run/stages.h"
+#include "kernels/parallel.h"
+#include "loaders/error.h"
+
+namespace nibble {
+
+void validate_options(const QuantizeOptions& o) {
+  if (!(o.awqclip_alpha_step > 0 && o.awqclip_alpha_step <= 1)) throw Error("--awqclip_alpha_step must be in (0, 1]");
+  if (!(o.awqclip_alpha_min > 0 && o.awqclip_alpha_min <= 1)) throw Error("--awqclip_alpha_min must be in (0, 1]");
+  if (o.awqclip_bsz_col < 1) throw Error("--awqclip_bsz_col must be at least 1");
+  if (o.awqlite_alpha_step <= 0 || o.awqlite_alpha_step > 1) throw Error("--awqlite_alpha_step must be in (0, 1]");
+  if (o.calib.calib_size < 1) throw Error("--calib_size must be at least 1");
+  if (o.calib.batch_size < 1) throw Error("--batch_size must be at least 1");
+  if (o.calib.calib_seq_len < 1) throw Error("--calib_seq_len must be at least 1");
+  const int64_t b = o.block_size;
+  if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
+    throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
+  validate_mixed_options(o);
+  if (!o.gather_quantize_axis.empty())
+    throw Error("--gather_quantize_axis is not implemented yet (embeddings stay float)");
+  if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
+  if (o.threads < 0) throw Error("--threads must be >= 0");
+  if (o.onnx_path.empty()) throw Error("--onnx_path is required");
+  if (o.output_path.empty()) throw Error("--output_path is required");
+}
+
+int run_quantize(const QuantizeOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  validate_options(o);
+  kernels::set_num_threads(o.threads);
+  std::string why;
+  kernels::BackendOptions bopt;
+  bopt.device = o.device;
+  auto backend = kernels::make_backend(bopt, &why);
+
+  LoadedModel loaded = load_stage(o);
+  OnnxModel& model = *loaded.model;
+  Planned planned = plan_stage(o, model);
+  Searched searched = search_stage(o, model, planned, *backend);
+
+  ModelWriter::Options wopt;
+  wopt.force = o.force;
+  wopt.protected_paths = loaded.input_files;
+  ModelWriter writer(o.output_path, wopt);
+  GraphRewriter rewriter(model.proto(), planned.format, writer, *backend);
+  // Logged only now: bad input fails above with its one error line and nothing else.
+  spdlog::info("{}; {}", why, backend->describe());
+  const Emitted emitted = emit_stage(o, model, planned, searched, rewriter, *backend);
+  const uint64_t copied = copy_rest_stage(model, rewriter, writer);
+  const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report_stage(o, planned, emitted, committed, copied, secs, *backend);
+  return 0;
+}
+
+}  // namespace nibble

@@ -1,0 +1,104 @@
+// load, plan and search (host/run/stages.h).
+#include "host/run/stages.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "host/graph/opset.h"
+#include "loaders/error.h"
+#include "loaders/genai_folder.h"
+
+namespace nibble {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Opset problems must surface before any work: matmulnbits may fall back to dq for a Gemm.
+void check_opset(const OnnxModel& model, Format format) {
+  if (!GraphRewriter::format_needs_opset21(format)) return;
+  onnx::ModelProto probe;
+  probe.mutable_opset_import()->CopyFrom(model.proto().opset_import());
+  *probe.mutable_graph()->mutable_node() = model.proto().graph().node();
+  raise_default_opset(probe, 21);
+}
+
+void check_genai_output(const QuantizeOptions& o, const OnnxModel& model) {
+  if (genai_companion_files(o.onnx_path).empty() || o.force) return;
+  namespace fs = std::filesystem;
+  const auto out_dir = fs::absolute(o.output_path).parent_path();
+  std::error_code ec;
+  if (fs::weakly_canonical(out_dir, ec) != fs::path(model.dir()) && fs::exists(out_dir / "genai_config.json", ec))
+    throw Error("output folder " + out_dir.string() + " already has genai_config.json (use --force to overwrite)");
+}
+
+}  // namespace
+
+LoadedModel load_stage(const QuantizeOptions& o) {
+  LoadedModel l;
+  l.model = OnnxModel::load(o.onnx_path);
+  l.input_files = l.model->input_files();  // checks every location
+  // Check every external range now, before anything is written (views are only maps).
+  for (const auto& t : l.model->proto().graph().initializer())
+    if (t.data_location() == onnx::TensorProto::EXTERNAL) l.model->view(t);
+  return l;
+}
+
+Planned plan_stage(const QuantizeOptions& o, OnnxModel& model) {
+  Planned p;
+  PlanOptions popt;
+  popt.nodes_to_exclude = o.nodes_to_exclude;
+  popt.block_size = o.block_size;
+  p.plan = make_plan(model, popt);
+  if (p.plan.weights.empty())
+    throw Error("nothing to quantize in " + o.onnx_path + ": no MatMul/Gemm with a constant 2-D float weight (" +
+                std::to_string(p.plan.skipped.size()) + " skipped; see `nibble inspect`)");
+  for (const auto& s : p.plan.skipped) spdlog::debug("skip {} ({}): {}", s.node, s.op_type, s.reason);
+  if (mixed_enabled(o) && !mixed_needs_calibration(o)) apply_static_mixed(model, p.plan, o, &p.mixed);
+  p.format = o.resolved_format();
+  check_opset(model, p.format);
+  check_genai_output(o, model);
+  return p;
+}
+
+bool needs_calibration(const QuantizeOptions& o) {
+  return o.searches_scales() || o.searches_clip() || mixed_needs_calibration(o);
+}
+
+Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend) {
+  Searched s;
+  if (!needs_calibration(o)) return s;
+  if (!o.force) {  // fail before minutes of calibration, not after
+    std::error_code ec;
+    if (std::filesystem::exists(o.output_path, ec)) throw Error("output " + o.output_path + " exists (use --force to overwrite)");
+  }
+  Plan& plan = planned.plan;
+  std::vector<Calibration::Request> acts;
+  for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
+  const auto tc = std::chrono::steady_clock::now();
+  s.calib = Calibration::run(o.calib, model.path(), acts, /*mask_padding=*/!o.modelopt(), clip_calibration(o, plan));
+  s.calibrate_seconds = seconds_since(tc);
+  spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", s.calib->tokens(), acts.size(), s.calibrate_seconds);
+  const auto ts = std::chrono::steady_clock::now();
+  const bool awq = o.searches_scales(), clip = o.searches_clip();
+  if (awq && clip && o.modelopt()) awq_full_modelopt_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.choices);
+  else if (awq) s.choices = awq_lite_search(model, plan, *s.calib, o, o.modelopt(), backend);
+  if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.awq_mode), seconds_since(ts));
+  if (mixed_needs_calibration(o))
+    apply_sensitivity_mixed(model, plan, *s.calib, o, planned.format, backend, awq ? &s.choices : nullptr,
+                            &planned.mixed);
+  if (clip) {
+    const auto tk = std::chrono::steady_clock::now();
+    s.clipper = std::make_unique<ClipSearch>(o, *s.calib, backend);
+    if (o.modelopt()) s.clipper->search_modelopt(model, plan, awq ? &s.per_node : nullptr);
+    spdlog::info("clip search ({} mode): {:.1f} s{}", name_of(o.awq_mode), seconds_since(tk),
+                 o.modelopt() ? "" : " (searched while quantizing)");
+  }
+  s.search_seconds = seconds_since(ts);
+  return s;
+}
+
+}  // namespace nibble

@@ -1,0 +1,80 @@
+// The stages of `nibble quantize`, each a function with its inputs and outputs explicit:
+//
+//   load -> plan -> search (calibrate, AWQ scales, clip ratios, INT8 picks) -> emit (quantize each
+//   weight as it streams from the map, write it) -> copy the rest -> commit -> report
+//
+// run_quantize (pipeline.cc) calls them in that order; tests may call one alone.
+#pragma once
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "calib/calibration.h"
+#include "host/algo/awq.h"
+#include "host/algo/awq_clip.h"
+#include "host/algo/mixed_precision.h"
+#include "host/graph/plan.h"
+#include "host/graph/rewrite.h"
+#include "host/options.h"
+#include "kernels/backend.h"
+#include "loaders/model_writer.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+// load: the model (a parsed graph and maps of its data files) and the files it reads.
+struct LoadedModel {
+  std::unique_ptr<OnnxModel> model;
+  std::vector<std::string> input_files;
+};
+// Loads the model and checks every external data range before anything is written.
+LoadedModel load_stage(const QuantizeOptions& o);
+
+// plan: what to quantize, at which precision, in which format.
+struct Planned {
+  Plan plan;
+  Format format = Format::kDq;
+  MixedOutcome mixed;  // INT8 picks (static strategies here, sensitivity after calibration)
+};
+Planned plan_stage(const QuantizeOptions& o, OnnxModel& model);
+
+// search: what each weight is quantized with, beyond bits and block (in the plan): the AWQ scale
+// s of each weight, the clip search and the calibration statistics they read.
+struct Searched {
+  std::unique_ptr<Calibration> calib;
+  std::map<std::string, AwqChoice> choices;  // AWQ scale per weight (awq_lite, awq_full)
+  std::map<std::string, AwqChoice> per_node;  // awq_full in modelopt mode: each node's own s*
+  std::unique_ptr<ClipSearch> clipper;        // awq_clip, awq_full
+  double calibrate_seconds = 0, search_seconds = 0;
+};
+// Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).
+bool needs_calibration(const QuantizeOptions& o);
+Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend);
+
+// emit: every planned weight quantized through the backend and written by the rewriter.
+struct Emitted {
+  nlohmann::json weights = nlohmann::json::array();  // the report's per-weight entries
+  uint64_t bytes_in = 0, bytes_out = 0;
+  double sq_error = 0;
+  int64_t elements = 0;
+  bool zero_point = false;
+};
+Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
+                   GraphRewriter& rewriter, kernels::Backend& backend);
+
+// copy the rest: every initializer the rewriter neither replaced nor wrote, streamed file to file.
+uint64_t copy_rest_stage(OnnxModel& model, const GraphRewriter& rewriter, ModelWriter& writer);
+
+// commit and report.
+struct Committed {
+  std::vector<std::string> companions;  // GenAI / tokenizer files copied beside the output
+  uint64_t output_bytes = 0;
+};
+Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const Emitted& emitted,
+                       GraphRewriter& rewriter, ModelWriter& writer);
+void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& emitted, const Committed& committed,
+                  uint64_t copied, double seconds, const kernels::Backend& backend);
+
+}  // namespace nibble

@@ -1,0 +1,116 @@
+// The CPU backend's AWQ loss and Cholesky factor: OpenBLAS and LAPACK on our own threads.
+#include "kernels/cpu/awq_fast.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/awq_ref.h"
+#include "kernels/cpu/rtn_fast.h"
+#include "kernels/parallel.h"
+
+extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+
+namespace nibble::kernels {
+
+void use_single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) {
+  double dmax = 0;
+  for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
+  if (!(dmax > 0) || !std::isfinite(dmax)) return {};
+  use_single_threaded_blas();
+  const int n = int(K);
+  std::vector<double> a(size_t(K * K));
+  for (double shift : {0.0, 1e-12, 1e-9}) {
+    std::copy(gram, gram + K * K, a.begin());
+    for (int64_t k = 0; k < K; ++k) a[size_t(k * K + k)] += shift * dmax;
+    // The row-major array read as column-major is Gᵀ = G; LAPACK's lower factor L (G = L Lᵀ), stored
+    // column-major, is Lᵀ = U row-major, in the upper triangle.
+    int info = 0;
+    const char lower = 'L';
+    dpotrf_(&lower, &n, a.data(), &n, &info);
+    if (info != 0) continue;
+    std::vector<float> u(size_t(K * K), 0.0f);
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = i; j < K; ++j) u[size_t(i * K + j)] = float(a[size_t(i * K + j)]);
+    return u;
+  }
+  return {};
+}
+
+double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
+                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios, const float* gram_upper) {
+  use_single_threaded_blas();
+  const int64_t K = w.K(), N = w.N();
+  QuantResult q;
+  WeightMatrix sw = w;
+  std::vector<uint8_t> scaled;
+  if (clip_ratios) {  // nibble: W ⊙ s kept in fp32, scales rounded to the weight dtype
+    std::vector<float> energy(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
+    scaled = scale_weight_f32(w, s);
+    sw.dtype = DType::kFloat32;
+    sw.data = scaled.data();
+    QuantSpec fspec = spec;
+    fspec.scale_dtype = w.dtype;
+    rtn_quantize_weighted_fast(sw, fspec, energy.data(), *clip_ratios, q);
+  } else {
+    scaled = scale_weight(w, s);
+    sw.data = scaled.data();
+    rtn_quantize_fast(sw, spec, q);
+  }
+  // D = W - Ŵ / s in the logical [K, N] layout; Ŵ is what DequantizeLinear gives (weight dtype).
+  std::vector<float> d(size_t(K * N));
+  const int64_t G = q.groups;
+  parallel_for(K, [&](int64_t k) {
+    const int64_t g = k / spec.block;
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t pi = size_t(w.k_axis == 0 ? g * N + n : n * G + g);
+      const size_t ci = size_t(w.k_axis == 0 ? k * N + n : n * K + k);
+      const int code = spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
+      const float deq = round_to(sw.dtype, float(code) * q.scales[pi]);
+      d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
+    }
+  });
+  constexpr int64_t kChunk = 256;  // each call repacks the Gram matrix: few, wide chunks
+  if (gram_upper != nullptr) {
+    // ‖U D‖² = tr(Dᵀ UᵀU D): U·D in place, column chunk by column chunk, summed per chunk in a fixed
+    // order, so the result does not depend on the thread count either.
+    std::vector<double> part(size_t(num_blocks(N, kChunk)), 0.0);
+    parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
+      const int64_t n0 = c * kChunk, w = std::min(N, n0 + kChunk) - n0;
+      cblas_strmm(CblasRowMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, int(K), int(w), 1.0f,
+                  gram_upper, int(K), d.data() + n0, int(N));
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float* row = d.data() + k * N + n0;
+        for (int64_t j = 0; j < w; ++j) acc += double(row[j]) * double(row[j]);
+      }
+      part[size_t(c)] = acc;
+    });
+    double sum = 0;
+    for (double p : part) sum += p;
+    return sum / (double(rows) * double(N));
+  }
+  // G·D in fixed column chunks, one single-threaded sgemm each on our own threads: the result does
+  // not depend on the thread count, and no idle BLAS threads spin beside ours.
+  std::vector<float> gd(size_t(K * N));
+  parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
+    const int64_t n0 = c * kChunk, w = std::min(N, n0 + kChunk) - n0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(w), int(K), 1.0f, gram32, int(K),
+                d.data() + n0, int(N), 0.0f, gd.data() + n0, int(N));
+  });
+  double sum = 0;
+  for (size_t i = 0; i < d.size(); ++i) sum += double(d[i]) * double(gd[i]);
+  return sum / (double(rows) * double(N));
+}
+
+}  // namespace nibble::kernels

@@ -1,0 +1,29 @@
+// The CPU backend's AWQ loss and Cholesky factor (OpenBLAS / LAPACK). The same quantities as
+// awq_loss_ref and gram_cholesky_upper_ref (awq_ref.h) up to float summation order; tested against them.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/quant_types.h"
+
+namespace nibble::kernels {
+
+// The AWQ loss (awq_loss_ref) with the products in float32 BLAS: w_kn is logical_weight(w). With
+// `gram_upper` (gram_cholesky_upper of the same Gram matrix) the loss is ‖U D‖² instead of
+// Σ D ⊙ (G D): one triangular product, half the flops of the GEMM (nibble mode; modelopt mode keeps
+// the GEMM form its parity was measured with). Column chunks are summed in a fixed order, so the
+// result does not depend on the thread count.
+double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
+                const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr,
+                const float* gram_upper = nullptr);
+
+// U with XᵀX = UᵀU (row-major, upper triangle; the strict lower triangle is zero), float32, from a
+// float64 LAPACK Cholesky factorisation. A Gram matrix that is only semi-definite (a channel that is
+// always zero, fewer tokens than channels) gets a diagonal shift of 1e-12, then 1e-9 of its largest
+// diagonal element, which changes no loss comparison; empty when even that fails (GEMM form then).
+std::vector<float> gram_cholesky_upper(const double* gram, int64_t K);
+
+// OpenBLAS runs single-threaded inside our parallel_for.
+void use_single_threaded_blas();
+
+}  // namespace nibble::kernels

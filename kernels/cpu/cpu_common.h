@@ -1,0 +1,30 @@
+// What the CPU backend and the reference backend share: the operations whose reference is already
+// the CPU's implementation (scaling, statistics, packing, ModelOpt's clip search), so each of the two
+// backends states only what differs.
+#pragma once
+#include "kernels/backend.h"
+
+namespace nibble::kernels {
+
+class CpuCommon : public Backend {
+ public:
+  void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
+  std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
+  std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
+  std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
+  std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
+  std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
+                               double alpha) override;
+  std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) override;
+  std::vector<float> channel_energy(const double* gram, int64_t K, const float* s) override;
+  std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
+                                          const std::vector<double>& ratios, int64_t bsz_col) override;
+  std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;
+  std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
+                                               const QuantResult& q, int64_t layout_block) override;
+  std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) override;
+  std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
+                                                    const QuantResult& q) override;
+};
+
+}  // namespace nibble::kernels

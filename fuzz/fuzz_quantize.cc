@@ -68,12 +68,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nibble::QuantizeOptions o;
   o.onnx_path = sb.model.string();
   o.output_path = (sb.out_dir / "q.onnx").string();
-  o.algo = "rtn_dq";
-  o.device = "cpu";
+  o.algo = nibble::Algo::kRtnDq;
+  o.device = nibble::kernels::Device::kCpu;
   o.threads = 1;
   o.force = true;
   o.quiet = true;
-  static const char* formats[] = {"dq", "qdq", "matmulnbits"};
+  static const nibble::Format formats[] = {nibble::Format::kDq, nibble::Format::kQdq, nibble::Format::kMatMulNBits};
   o.format = formats[n_graph % 3];
   o.use_zero_point = (n_ext & 1) != 0;
   bool ok = false;

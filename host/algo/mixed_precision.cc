@@ -249,19 +249,17 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
   spdlog::info("mixed precision ({}): {} of {} weights INT8", out->strategy, n8, plan.weights.size());
 }
 
-void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                             Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
-                             MixedOutcome* out) {
-  out->strategy = "sensitivity";
-  const bool awq = choices != nullptr;
-  const bool modelopt_awq = o.modelopt();
-  const bool zp = o.use_zero_point;
-  const size_t W = plan.weights.size();
+namespace {
 
-  // Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (awq_loss · N).
-  std::vector<double> e4(W, 0), e8(W, 0);
+// Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (the AWQ loss · N).
+void measure_errors(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                    kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
+                    std::vector<double>* e4, std::vector<double>* e8) {
+  const bool awq = choices != nullptr, zp = o.use_zero_point;
+  e4->assign(plan.weights.size(), 0);
+  e8->assign(plan.weights.size(), 0);
   for (const auto& [act, idx] : plan.siblings) {
-    const ActivationStats st = calib.stats(act, modelopt_awq);
+    const ActivationStats st = calib.stats(act, o.modelopt());
     const std::vector<float> g32 = calib.gram_f32(act);
     const kernels::GramForm g{st.K, st.rows, g32.data(), nullptr};
     for (size_t i : idx) {
@@ -270,129 +268,159 @@ void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, c
       kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis};
       std::vector<float> ones(size_t(pw.K()), 1.0f);
       const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
-      const std::vector<float>* clip = awq && !modelopt_awq ? &block_clip_ratios() : nullptr;
+      const std::vector<float>* clip = awq && !o.modelopt() ? &block_clip_ratios() : nullptr;
       kernels::QuantSpec s4{4, pw.resolved_block(), zp};
       kernels::QuantSpec s8{8, pw.K(), zp};
-      e4[i] = backend.awq_losses(w, {s}, s4, g, clip)[0] * double(pw.N());
-      e8[i] = backend.awq_losses(w, {s}, s8, g, clip)[0] * double(pw.N());
+      (*e4)[i] = backend.awq_losses(w, {s}, s4, g, clip)[0] * double(pw.N());
+      (*e8)[i] = backend.awq_losses(w, {s}, s8, g, clip)[0] * double(pw.N());
       model.release(v);
     }
   }
+}
 
-  // Sizes (see SizeMode): an explicit size budget is checked against the upper bound of our file;
-  // the default budget is the size of ModelOpt's choice written without padding (as ModelOpt
-  // writes it), checked against our expected size, so that nibble's file is no larger.
-  MixedBudget budget;
-  if (!o.mixed_budget.empty()) budget = parse_mixed_budget(o.mixed_budget);
-  const SizeMode mode = o.mixed_budget.empty() ? SizeMode::kExpected : SizeMode::kBound;
-  uint64_t fixed = uint64_t(model.proto().ByteSizeLong()), fixed_payload = fixed;
+// Output sizes at 4 and 8 bits of every weight (b: as counted against the budget, p: payload only)
+// and of what is not quantized (see SizeMode): an explicit size budget is checked against the upper
+// bound of our file; the default budget is the size of ModelOpt's choice written without padding (as
+// ModelOpt writes it), checked against our expected size, so that nibble's file is no larger.
+struct Sizes {
+  std::vector<uint64_t> b4, b8, p4, p8;
+  uint64_t all4 = 0, fixed_payload = 0, elems = 0;
+};
+
+Sizes weight_sizes(const OnnxModel& model, const Plan& plan, Format format, bool zp, SizeMode mode) {
+  Sizes z;
+  uint64_t fixed = uint64_t(model.proto().ByteSizeLong());
+  z.fixed_payload = fixed;
   std::set<std::string> planned;
   for (const auto& pw : plan.weights)
     if (!pw.keep_float && format != Format::kQdq) planned.insert(pw.weight);
   for (const auto& t : model.proto().graph().initializer())
     if (t.data_location() == onnx::TensorProto::EXTERNAL && !planned.count(t.name())) {
       fixed += tensor_output_bytes(expected_nbytes(t), mode);
-      fixed_payload += expected_nbytes(t);
+      z.fixed_payload += expected_nbytes(t);
     }
-  std::vector<uint64_t> b4(W), b8(W), p4(W), p8(W);
-  uint64_t all4 = fixed, elems = 0;
-  for (size_t i = 0; i < W; ++i) {
-    const auto& pw = plan.weights[i];
-    b4[i] = weight_output_bytes(pw, 4, pw.block, format, zp, mode);
-    b8[i] = weight_output_bytes(pw, 8, -1, format, zp, mode);
-    p4[i] = weight_output_bytes(pw, 4, pw.block, format, zp, SizeMode::kPayload);
-    p8[i] = weight_output_bytes(pw, 8, -1, format, zp, SizeMode::kPayload);
-    all4 += b4[i];
-    elems += uint64_t(pw.rows * pw.cols);
+  z.all4 = fixed;
+  for (const auto& pw : plan.weights) {
+    z.b4.push_back(weight_output_bytes(pw, 4, pw.block, format, zp, mode));
+    z.b8.push_back(weight_output_bytes(pw, 8, -1, format, zp, mode));
+    z.p4.push_back(weight_output_bytes(pw, 4, pw.block, format, zp, SizeMode::kPayload));
+    z.p8.push_back(weight_output_bytes(pw, 8, -1, format, zp, SizeMode::kPayload));
+    z.all4 += z.b4.back();
+    z.elems += uint64_t(pw.rows * pw.cols);
   }
+  return z;
+}
 
-  // The budget: a share of the elements, an output size, or (default) the size of ModelOpt's choice.
-  std::string budget_desc;
-  if (!o.mixed_budget.empty()) {
-    budget_desc = o.mixed_budget;
-  } else {
-    const std::set<std::string> mo_nodes = modelopt_default_8bit_nodes(model.proto().graph());
-    budget.bytes = fixed_payload;
-    int64_t n_mo = 0;
-    for (size_t i = 0; i < W; ++i) {
-      const auto& pw = plan.weights[i];
-      bool hit = false;
-      for (const auto& p : mo_nodes) hit = hit || layer_matches(deciding_node(model, pw), p);
-      budget.bytes += hit ? p8[i] : p4[i];
-      n_mo += hit;
-    }
-    budget_desc = "size of ModelOpt's default choice (" + std::to_string(n_mo) + " INT8 weights), " +
-                  std::to_string(budget.bytes) + " bytes";
-    if (n_mo == 0)
-      spdlog::warn("--mixed_strategy sensitivity: ModelOpt's default choice selects no weight of this model (its "
-                   "names are not ORT-GenAI's), so the default budget allows no INT8 weight; set --mixed_budget");
+// The default budget: the size of ModelOpt's default choice on this model.
+MixedBudget modelopt_choice_budget(const OnnxModel& model, const Plan& plan, const Sizes& z, std::string* desc) {
+  const std::set<std::string> mo_nodes = modelopt_default_8bit_nodes(model.proto().graph());
+  MixedBudget budget;
+  budget.bytes = z.fixed_payload;
+  int64_t n_mo = 0;
+  for (size_t i = 0; i < plan.weights.size(); ++i) {
+    bool hit = false;
+    for (const auto& p : mo_nodes) hit = hit || layer_matches(deciding_node(model, plan.weights[i]), p);
+    budget.bytes += hit ? z.p8[i] : z.p4[i];
+    n_mo += hit;
   }
+  *desc = "size of ModelOpt's default choice (" + std::to_string(n_mo) + " INT8 weights), " +
+          std::to_string(budget.bytes) + " bytes";
+  if (n_mo == 0)
+    spdlog::warn("--mixed_strategy sensitivity: ModelOpt's default choice selects no weight of this model (its "
+                 "names are not ORT-GenAI's), so the default budget allows no INT8 weight; set --mixed_budget");
+  return budget;
+}
 
-  // Greedy: largest error reduction per extra byte first; a weight that does not fit is skipped.
+// What the greedy choice ends with.
+struct Picked {
+  int64_t n8 = 0;
+  uint64_t used = 0, used_elems = 0;
+  std::set<std::string> acts8;  // inputs of the INT8 weights
+};
+
+// Greedy: largest error reduction per extra byte first; a weight that does not fit is skipped.
+Picked pick_int8(Plan& plan, const std::vector<double>& e4, const std::vector<double>& e8, const Sizes& z,
+                 const MixedBudget& budget, MixedOutcome* out) {
+  const size_t W = plan.weights.size();
   std::vector<size_t> order(W);
   std::iota(order.begin(), order.end(), 0);
   auto gain_per_byte = [&](size_t i) {
-    const double extra = double(p8[i] > p4[i] ? p8[i] - p4[i] : 1);
+    const double extra = double(z.p8[i] > z.p4[i] ? z.p8[i] - z.p4[i] : 1);
     return (e4[i] - e8[i]) / extra;
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return gain_per_byte(a) > gain_per_byte(b); });
-  uint64_t used = all4, used_elems = 0;
-  const uint64_t elem_budget = budget.is_share ? uint64_t(std::floor(budget.share * double(elems))) : 0;
-  int64_t n8 = 0;
-  std::set<std::string> acts8;
+  Picked k;
+  k.used = z.all4;
+  const uint64_t elem_budget = budget.is_share ? uint64_t(std::floor(budget.share * double(z.elems))) : 0;
   for (size_t r = 0; r < W; ++r) {
     const size_t i = order[r];
     PlannedWeight& pw = plan.weights[i];
     const uint64_t el = uint64_t(pw.rows * pw.cols);
     nlohmann::json j = {{"e4", e4[i]}, {"e8", e8[i]}, {"rank", r + 1}, {"gain_per_byte", gain_per_byte(i)},
-                        {"bytes_int4", p4[i]}, {"bytes_int8", p8[i]}};
-    const bool fits = budget.is_share ? used_elems + el <= elem_budget : used - b4[i] + b8[i] <= budget.bytes;
+                        {"bytes_int4", z.p4[i]}, {"bytes_int8", z.p8[i]}};
+    const bool fits =
+        budget.is_share ? k.used_elems + el <= elem_budget : k.used - z.b4[i] + z.b8[i] <= budget.bytes;
     char buf[160];
+    j["precision"] = 4;
     if (!(e4[i] > e8[i])) {
       std::snprintf(buf, sizeof buf, "rank %zu of %zu: 8 bits do not lower its output error", r + 1, W);
-      j["precision"] = 4;
-    } else if (fits) {
-      std::snprintf(buf, sizeof buf, "rank %zu of %zu by (E4 - E8) / extra byte = %.3g; fits the budget", r + 1, W,
-                    gain_per_byte(i));
-      j["precision"] = 8;
-      set_int8(pw);
-      used = used - b4[i] + b8[i];
-      used_elems += el;
-      ++n8;
-      acts8.insert(pw.activation);
     } else {
-      std::snprintf(buf, sizeof buf, "rank %zu of %zu by (E4 - E8) / extra byte = %.3g; over the budget", r + 1, W,
-                    gain_per_byte(i));
-      j["precision"] = 4;
+      std::snprintf(buf, sizeof buf, "rank %zu of %zu by (E4 - E8) / extra byte = %.3g; %s", r + 1, W,
+                    gain_per_byte(i), fits ? "fits the budget" : "over the budget");
+      if (fits) {
+        j["precision"] = 8;
+        set_int8(pw);
+        k.used = k.used - z.b4[i] + z.b8[i];
+        k.used_elems += el;
+        ++k.n8;
+        k.acts8.insert(pw.activation);
+      }
     }
     j["why"] = buf;
     out->per_weight[pw.weight] = j;
   }
+  return k;
+}
+
+}  // namespace
+
+void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                             Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
+                             MixedOutcome* out) {
+  out->strategy = "sensitivity";
+  const size_t W = plan.weights.size();
+  std::vector<double> e4, e8;
+  measure_errors(model, plan, calib, o, backend, choices, &e4, &e8);
+  const SizeMode mode = o.mixed_budget.empty() ? SizeMode::kExpected : SizeMode::kBound;
+  const Sizes z = weight_sizes(model, plan, format, o.use_zero_point, mode);
+  // The budget: a share of the elements, an output size, or (default) the size of ModelOpt's choice.
+  std::string budget_desc = o.mixed_budget;
+  const MixedBudget budget = o.mixed_budget.empty() ? modelopt_choice_budget(model, plan, z, &budget_desc)
+                                                    : parse_mixed_budget(o.mixed_budget);
+  const Picked k = pick_int8(plan, e4, e8, z, budget, out);
   out->summary = {{"strategy", "sensitivity"},
-                  {"int8_weights", n8},
-                  {"int4_weights", int64_t(W) - n8},
+                  {"int8_weights", k.n8},
+                  {"int4_weights", int64_t(W) - k.n8},
                   {"budget", budget_desc},
                   {"budget_bytes", budget.is_share ? nlohmann::json(nullptr) : nlohmann::json(budget.bytes)},
                   {"budget_share", budget.is_share ? nlohmann::json(budget.share) : nlohmann::json(nullptr)},
-                  {"predicted_output_bytes", used},
-                  {"int8_share", elems ? double(used_elems) / double(elems) : 0.0},
-                  {"all_int4_output_bytes", all4}};
+                  {"predicted_output_bytes", k.used},
+                  {"int8_share", z.elems ? double(k.used_elems) / double(z.elems) : 0.0},
+                  {"all_int4_output_bytes", z.all4}};
   spdlog::info("mixed precision (sensitivity): {} of {} weights INT8 ({:.1f}% of the elements), budget {}, "
                "predicted output {} (all INT4: {})",
-               n8, W, elems ? 100.0 * double(used_elems) / double(elems) : 0.0,
+               k.n8, W, z.elems ? 100.0 * double(k.used_elems) / double(z.elems) : 0.0,
                budget.is_share ? std::to_string(budget.share) + " of the elements" : human_bytes(budget.bytes),
-               human_bytes(used), human_bytes(all4));
-
+               human_bytes(k.used), human_bytes(z.all4));
   // AWQ: the INT8 weights (and their siblings, which share s) are searched again at their precision.
-  if (awq && !acts8.empty()) {
-    Plan sub;
-    for (const auto& pw : plan.weights)
-      if (acts8.count(pw.activation)) sub.weights.push_back(pw);
-    for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
-    spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
-    auto again = awq_lite_search(model, sub, calib, o, modelopt_awq, backend);
-    for (auto& [name, c] : again) (*choices)[name] = std::move(c);
-  }
+  if (!choices || k.acts8.empty()) return;
+  Plan sub;
+  for (const auto& pw : plan.weights)
+    if (k.acts8.count(pw.activation)) sub.weights.push_back(pw);
+  for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
+  spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
+  auto again = awq_lite_search(model, sub, calib, o, o.modelopt(), backend);
+  for (auto& [name, c] : again) (*choices)[name] = std::move(c);
 }
 
 }  // namespace nibble

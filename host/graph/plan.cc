@@ -66,87 +66,69 @@ int layer_index(const std::string& name) {
   return -1;
 }
 
-Plan make_plan(const OnnxModel& model, const PlanOptions& options) {
-  std::vector<std::pair<std::string, std::regex>> excludes;
-  for (const auto& p : options.nodes_to_exclude) {
+namespace {
+
+using Excludes = std::vector<std::pair<std::string, std::regex>>;
+
+Excludes compile_excludes(const std::vector<std::string>& patterns) {
+  Excludes excludes;
+  for (const auto& p : patterns) {
     try {
       excludes.emplace_back(p, std::regex(p, std::regex::ECMAScript));
     } catch (const std::regex_error& e) {
       throw Error("--nodes_to_exclude: '" + p + "' is not a valid regular expression (" + e.what() + ")");
     }
   }
+  return excludes;
+}
 
-  const auto& g = model.proto().graph();
-  Plan plan;
-  std::unordered_map<std::string, size_t> by_weight;  // initializer -> index in plan.weights
-  std::set<std::string> conflicting;
+// The constant 2-D float weight node n multiplies by, or null; *why is set when n is skipped for a
+// reason worth reporting (an activation x activation MatMul is not reported: it has no weight).
+const onnx::TensorProto* weight_of(const OnnxModel& model, const onnx::NodeProto& n, const Excludes& excludes,
+                                   std::string* why) {
+  for (const auto& [pattern, re] : excludes)
+    if (std::regex_search(n.name(), re, std::regex_constants::match_continuous)) {
+      *why = "excluded by --nodes_to_exclude '" + pattern + "'";
+      return nullptr;
+    }
+  const onnx::TensorProto* w = model.initializer(n.input(1));
+  if (!w) return nullptr;
+  const DType dt = static_cast<DType>(w->data_type());
+  if (model.initializer(n.input(0))) *why = "both inputs are constants";
+  else if (w->dims_size() != 2) *why = "weight '" + w->name() + "' has rank " + std::to_string(w->dims_size()) + ", not 2";
+  else if (dt == DType::kFloat64)
+    throw Error("weight '" + w->name() + "' of node '" + n.name() + "' is fp64: nibble quantizes fp32, fp16 and bf16 weights");
+  else if (!is_quantizable_float(dt)) *why = "weight '" + w->name() + "' is " + dtype_name(w->data_type()) + ", not a float type";
+  else if (w->dims(0) == 0 || w->dims(1) == 0) *why = "weight '" + w->name() + "' is empty";
+  return why->empty() ? w : nullptr;
+}
+
+PlannedWeight planned_weight(const onnx::NodeProto& n, int i, const onnx::TensorProto& w, int k_axis,
+                             const PlanOptions& options) {
+  PlannedWeight pw;
+  pw.weight = w.name();
+  pw.nodes = {i};
+  pw.node_name = n.name();
+  pw.op_type = n.op_type();
+  pw.activation = n.input(0);
+  pw.k_axis = k_axis;
+  pw.rows = w.dims(0);
+  pw.cols = w.dims(1);
+  pw.dtype = static_cast<DType>(w.data_type());
+  pw.layer = layer_index(n.name());
+  pw.role = role_of(n.name());
+  pw.bits = options.bits;
+  pw.block = options.block_size;
+  return pw;
+}
+
+// Drops weights read along K by one node and along N by another (they cannot share one
+// quantization), marks those something else still reads as float, and groups siblings.
+void finish_plan(const onnx::GraphProto& g, const std::set<std::string>& conflicting, Plan& plan) {
   std::unordered_map<std::string, int> uses;  // every reader of every tensor name
   for (const auto& n : g.node())
     for (const auto& in : n.input()) ++uses[in];
   for (const auto& o : g.output()) ++uses[o.name()];
-
-  for (int i = 0; i < g.node_size(); ++i) {
-    const auto& n = g.node(i);
-    if (!is_default_domain(n.domain()) || (n.op_type() != "MatMul" && n.op_type() != "Gemm")) continue;
-    auto skip = [&](const std::string& why) { plan.skipped.push_back({n.name(), n.op_type(), why}); };
-    if (n.input_size() < 2) continue;
-    bool excluded = false;
-    for (const auto& [pattern, re] : excludes)
-      if (std::regex_search(n.name(), re, std::regex_constants::match_continuous)) {
-        skip("excluded by --nodes_to_exclude '" + pattern + "'");
-        excluded = true;
-        break;
-      }
-    if (excluded) continue;
-    const onnx::TensorProto* w = model.initializer(n.input(1));
-    if (!w) continue;  // activation x activation (attention scores): not a weight
-    if (model.initializer(n.input(0))) {
-      skip("both inputs are constants");
-      continue;
-    }
-    if (w->dims_size() != 2) {
-      skip("weight '" + w->name() + "' has rank " + std::to_string(w->dims_size()) + ", not 2");
-      continue;
-    }
-    const DType dt = static_cast<DType>(w->data_type());
-    if (dt == DType::kFloat64)
-      throw Error("weight '" + w->name() + "' of node '" + n.name() +
-                  "' is fp64: nibble quantizes fp32, fp16 and bf16 weights");
-    if (!is_quantizable_float(dt)) {
-      skip("weight '" + w->name() + "' is " + dtype_name(w->data_type()) + ", not a float type");
-      continue;
-    }
-    if (w->dims(0) == 0 || w->dims(1) == 0) {
-      skip("weight '" + w->name() + "' is empty");
-      continue;
-    }
-    const int k_axis = n.op_type() == "Gemm" && int_attr(n, "transB", 0) != 0 ? 1 : 0;
-    auto it = by_weight.find(w->name());
-    if (it != by_weight.end()) {
-      PlannedWeight& pw = plan.weights[it->second];
-      if (pw.k_axis != k_axis) conflicting.insert(w->name());
-      pw.nodes.push_back(i);
-      continue;
-    }
-    PlannedWeight pw;
-    pw.weight = w->name();
-    pw.nodes = {i};
-    pw.node_name = n.name();
-    pw.op_type = n.op_type();
-    pw.activation = n.input(0);
-    pw.k_axis = k_axis;
-    pw.rows = w->dims(0);
-    pw.cols = w->dims(1);
-    pw.dtype = dt;
-    pw.layer = layer_index(n.name());
-    pw.role = role_of(n.name());
-    pw.bits = options.bits;
-    pw.block = options.block_size;
-    by_weight.emplace(pw.weight, plan.weights.size());
-    plan.weights.push_back(std::move(pw));
-  }
-
-  // A weight read along K by one node and along N by another cannot share one quantization.
   std::vector<PlannedWeight> kept;
   for (auto& pw : plan.weights) {
     if (conflicting.count(pw.weight)) {
@@ -161,8 +143,37 @@ Plan make_plan(const OnnxModel& model, const PlanOptions& options) {
     kept.push_back(std::move(pw));
   }
   plan.weights = std::move(kept);
-  for (size_t i = 0; i < plan.weights.size(); ++i)
-    plan.siblings[plan.weights[i].activation].push_back(i);
+  for (size_t i = 0; i < plan.weights.size(); ++i) plan.siblings[plan.weights[i].activation].push_back(i);
+}
+
+}  // namespace
+
+Plan make_plan(const OnnxModel& model, const PlanOptions& options) {
+  const Excludes excludes = compile_excludes(options.nodes_to_exclude);
+  const auto& g = model.proto().graph();
+  Plan plan;
+  std::unordered_map<std::string, size_t> by_weight;  // initializer -> index in plan.weights
+  std::set<std::string> conflicting;
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    if (!is_default_domain(n.domain()) || (n.op_type() != "MatMul" && n.op_type() != "Gemm")) continue;
+    if (n.input_size() < 2) continue;
+    std::string why;
+    const onnx::TensorProto* w = weight_of(model, n, excludes, &why);
+    if (!why.empty()) plan.skipped.push_back({n.name(), n.op_type(), why});
+    if (!w) continue;
+    const int k_axis = n.op_type() == "Gemm" && int_attr(n, "transB", 0) != 0 ? 1 : 0;
+    auto it = by_weight.find(w->name());
+    if (it != by_weight.end()) {
+      PlannedWeight& pw = plan.weights[it->second];
+      if (pw.k_axis != k_axis) conflicting.insert(w->name());
+      pw.nodes.push_back(i);
+      continue;
+    }
+    by_weight.emplace(w->name(), plan.weights.size());
+    plan.weights.push_back(planned_weight(n, i, *w, k_axis, options));
+  }
+  finish_plan(g, conflicting, plan);
   return plan;
 }
 

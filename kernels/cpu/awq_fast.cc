@@ -73,8 +73,8 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   parallel_for(K, [&](int64_t k) {
     const int64_t g = k / spec.block;
     for (int64_t n = 0; n < N; ++n) {
-      const size_t pi = size_t(w.k_axis == 0 ? g * N + n : n * G + g);
-      const size_t ci = size_t(w.k_axis == 0 ? k * N + n : n * K + k);
+      const size_t pi = w.param_index(G, g, n);
+      const size_t ci = w.index(k, n);
       const int code = spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
       const float deq = round_to(sw.dtype, float(code) * q.scales[pi]);
       d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
@@ -86,13 +86,13 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
     // order, so the result does not depend on the thread count either.
     std::vector<double> part(size_t(num_blocks(N, kChunk)), 0.0);
     parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
-      const int64_t n0 = c * kChunk, w = std::min(N, n0 + kChunk) - n0;
-      cblas_strmm(CblasRowMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, int(K), int(w), 1.0f,
+      const int64_t n0 = c * kChunk, width = std::min(N, n0 + kChunk) - n0;
+      cblas_strmm(CblasRowMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, int(K), int(width), 1.0f,
                   gram_upper, int(K), d.data() + n0, int(N));
       double acc = 0;
       for (int64_t k = 0; k < K; ++k) {
         const float* row = d.data() + k * N + n0;
-        for (int64_t j = 0; j < w; ++j) acc += double(row[j]) * double(row[j]);
+        for (int64_t j = 0; j < width; ++j) acc += double(row[j]) * double(row[j]);
       }
       part[size_t(c)] = acc;
     });
@@ -104,8 +104,8 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   // not depend on the thread count, and no idle BLAS threads spin beside ours.
   std::vector<float> gd(size_t(K * N));
   parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
-    const int64_t n0 = c * kChunk, w = std::min(N, n0 + kChunk) - n0;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(w), int(K), 1.0f, gram32, int(K),
+    const int64_t n0 = c * kChunk, width = std::min(N, n0 + kChunk) - n0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(width), int(K), 1.0f, gram32, int(K),
                 d.data() + n0, int(N), 0.0f, gd.data() + n0, int(N));
   });
   double sum = 0;

@@ -49,7 +49,7 @@ std::vector<float> logical_weight(const WeightMatrix& w) {
   std::vector<float> out(size_t(K * N));
   for (int64_t k = 0; k < K; ++k)
     for (int64_t n = 0; n < N; ++n)
-      out[size_t(k * N + n)] = load_float(w.dtype, w.data, size_t(w.k_axis == 0 ? k * N + n : n * K + k));
+      out[size_t(k * N + n)] = load_float(w.dtype, w.data, w.index(k, n));
   return out;
 }
 

@@ -20,12 +20,6 @@ namespace {
 
 constexpr int L = 16;  // output columns processed side by side (one SIMD lane each)
 
-inline size_t elem_index(const WeightMatrix& w, int64_t k, int64_t n) {
-  return size_t(w.k_axis == 0 ? k * w.N() + n : n * w.K() + k);
-}
-inline size_t param_index(const WeightMatrix& w, int64_t G, int64_t g, int64_t n) {
-  return size_t(w.k_axis == 0 ? g * w.N() + n : n * G + g);
-}
 
 void check(const QuantSpec& spec) {
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
@@ -69,7 +63,7 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
         mx(size_t(nc), partial ? 0.0f : -INFINITY);
     for (int64_t i = 0; i < kn; ++i)
       for (int64_t c = 0; c < nc; ++c) {
-        const float v = load_float(dt, w.data, elem_index(w, k0 + i, n0 + c));
+        const float v = load_float(dt, w.data, w.index(k0 + i, n0 + c));
         wb[size_t(i * nc + c)] = v;
         amax[size_t(c)] = std::max(amax[size_t(c)], std::fabs(v));
         mn[size_t(c)] = std::min(mn[size_t(c)], v);
@@ -98,9 +92,9 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
             const float sc = cand[size_t(c)].scale;
             float q = wr[c] / sc;
             if (f16) q = round_to(dt, q);
-            float r = rint_small(q);
-            r = std::min(std::max(r, lo), hi);
-            dr[c] = wr[c] - round_to(dt, r * sc);
+            float code = rint_small(q);
+            code = std::min(std::max(code, lo), hi);
+            dr[c] = wr[c] - round_to(dt, code * sc);
           }
         }
       } else if (dt == DType::kFloat32 && !zp) {
@@ -114,9 +108,9 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
           float* dr = d.data() + i * nc;
           for (int64_t c = 0; c < nc; ++c) {
             const float q = wr[c] / sc[size_t(c)];
-            float r = rint_small(q);
-            r = std::min(std::max(r, lo), hi);
-            dr[c] = wr[c] - r * sc[size_t(c)];
+            float code = rint_small(q);
+            code = std::min(std::max(code, lo), hi);
+            dr[c] = wr[c] - code * sc[size_t(c)];
           }
         }
       } else {
@@ -144,13 +138,13 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
     for (int64_t c = 0; c < nc; ++c) {
       const int64_t n = n0 + c;
       const BlockParams& p = best[size_t(c)];
-      out.scales[param_index(w, G, g, n)] = p.scale;
-      if (zp) out.zero_points[param_index(w, G, g, n)] = p.zero_point;
+      out.scales[w.param_index(G, g, n)] = p.scale;
+      if (zp) out.zero_points[w.param_index(G, g, n)] = p.zero_point;
       if (chosen) (*chosen)[size_t(n * G + g)] = best_r[size_t(c)];
       for (int64_t i = 0; i < kn; ++i) {
         const float v = wb[size_t(i * nc + c)];
         const uint8_t code = quantize_value(v, p, spec.bits, zp, dt);
-        out.codes[elem_index(w, k0 + i, n)] = code;
+        out.codes[w.index(k0 + i, n)] = code;
         const double dd = double(v) - double(round_to(dt, dequantize_value(code, p, spec.bits, zp)));
         te += dd * dd;
       }

@@ -15,12 +15,6 @@ namespace {
 
 constexpr int L = 16;  // output columns processed side by side (one SIMD lane each)
 
-inline size_t elem_index(const WeightMatrix& w, int64_t k, int64_t n) {
-  return size_t(w.k_axis == 0 ? k * w.N() + n : n * w.K() + k);
-}
-inline size_t param_index(const WeightMatrix& w, int64_t G, int64_t g, int64_t n) {
-  return size_t(w.k_axis == 0 ? g * w.N() + n : n * G + g);
-}
 
 void check(const QuantSpec& spec) {
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
@@ -54,7 +48,7 @@ std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& 
     float amax[L] = {};
     for (int64_t i = 0; i < kn; ++i)
       for (int64_t l = 0; l < lanes; ++l) {
-        const float v = load_float(dt, w.data, elem_index(w, k0 + i, n0 + l));
+        const float v = load_float(dt, w.data, w.index(k0 + i, n0 + l));
         wb[size_t(i * L + l)] = v;
         amax[l] = std::max(amax[l], std::fabs(v));
       }
@@ -130,12 +124,12 @@ void rtn_quantize_ratios(const WeightMatrix& w, const QuantSpec& spec, const flo
     for (int64_t g = 0; g < G; ++g) {
       const int64_t k0 = g * bs, k1 = std::min(K, k0 + bs);
       float amax = 0;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(load_float(dt, w.data, elem_index(w, k, n))));
+      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(load_float(dt, w.data, w.index(k, n))));
       const BlockParams p =
           block_params_symmetric(round_to(dt, amax * round_to(dt, ratio_ng[n * G + g])), spec.bits, dt);
-      out.scales[param_index(w, G, g, n)] = p.scale;
+      out.scales[w.param_index(G, g, n)] = p.scale;
       for (int64_t k = k0; k < k1; ++k) {
-        const size_t i = elem_index(w, k, n);
+        const size_t i = w.index(k, n);
         const float v = load_float(dt, w.data, i);
         const uint8_t c = quantize_value(v, p, spec.bits, false, dt);
         out.codes[i] = c;

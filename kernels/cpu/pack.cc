@@ -42,14 +42,14 @@ std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const Qu
   parallel_for(N, [&](int64_t n) {
     for (int64_t g = 0; g < G; ++g) {
       const uint8_t zero_code =
-          spec.zero_point ? q.zero_points[size_t(shape.k_axis == 0 ? g * N + n : n * G + g)]
+          spec.zero_point ? q.zero_points[shape.param_index(G, g, n)]
                           : uint8_t(1 << (bits - 1));
       uint8_t* dst = &out[size_t((n * G + g) * blob)];
       for (int64_t j = 0; j < layout_block; ++j) {
         const int64_t k = g * spec.block + j;
         uint8_t u = zero_code;
         if (k < K && j < spec.block) {
-          const size_t i = size_t(shape.k_axis == 0 ? k * N + n : n * K + k);
+          const size_t i = shape.index(k, n);
           u = unsigned_code(q.codes[i], bits, spec.zero_point);
         }
         if (bits == 8) {
@@ -80,7 +80,7 @@ std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, con
   std::vector<uint8_t> out(size_t(N * row), 0);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t g = 0; g < G; ++g) {
-      const uint8_t z = q.zero_points[size_t(shape.k_axis == 0 ? g * N + n : n * G + g)];
+      const uint8_t z = q.zero_points[shape.param_index(G, g, n)];
       uint8_t& dst = out[size_t(n * row + (bits == 8 ? g : g / 2))];
       if (bits == 8) dst = z;
       else dst |= (g & 1) ? uint8_t(z << 4) : z;

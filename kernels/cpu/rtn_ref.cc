@@ -68,8 +68,8 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
 
   // Scales/zero points are stored [G, N] for k_axis 0 and [N, G] for k_axis 1.
-  auto param_index = [&](int64_t g, int64_t n) { return w.k_axis == 0 ? g * N + n : n * G + g; };
-  auto elem_index = [&](int64_t k, int64_t n) { return w.k_axis == 0 ? k * N + n : n * K + k; };
+  auto param_index = [&](int64_t g, int64_t n) { return w.param_index(G, g, n); };
+  auto elem_index = [&](int64_t k, int64_t n) { return w.index(k, n); };
 
   // One tile = a set of (block, channel) pairs; tiles are fixed by the shape alone.
   int64_t tiles;
@@ -145,8 +145,8 @@ void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const f
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);
   out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
-  auto param_index = [&](int64_t g, int64_t n) { return w.k_axis == 0 ? g * N + n : n * G + g; };
-  auto elem_index = [&](int64_t k, int64_t n) { return w.k_axis == 0 ? k * N + n : n * K + k; };
+  auto param_index = [&](int64_t g, int64_t n) { return w.param_index(G, g, n); };
+  auto elem_index = [&](int64_t k, int64_t n) { return w.index(k, n); };
   std::vector<double> col_error(size_t(N), 0.0);
   parallel_for(N, [&](int64_t n) {
     std::vector<float> v(static_cast<size_t>(bs));

@@ -162,6 +162,31 @@ void apply_config(CLI::App& q, const std::string& path) {
   }
 }
 
+// `nibble eval`: perplexity and, against a reference, KL divergence and top-1 agreement.
+CLI::App* add_eval_command(CLI::App& app, nibble::EvalOptions& eval_opts) {
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Perplexity of a model; with --reference, also KL(P_reference || P_model) and top-1 agreement");
+  eval->add_option("--model", eval_opts.model, "ONNX model to measure (tokenizer.json beside it)")->required();
+  eval->add_option("--reference", eval_opts.reference,
+                   "Reference (float) model: adds its perplexity, the mean per-token KL(P_reference || P_model) "
+                   "and the top-1 agreement over the same windows");
+  eval->add_option("--text", eval_opts.text,
+                   "Text to measure on: a .txt file, or .jsonl with a \"text\" field per line (default: the "
+                   "corpus eval split of tools/corpus.py, never used for calibration)");
+  eval->add_option("--windows", eval_opts.windows, "Windows of --seq_len tokens (consecutive, from the start)")
+      ->capture_default_str();
+  eval->add_option("--seq_len", eval_opts.seq_len, "Tokens per window; each window is one forward pass from an "
+                   "empty KV cache")->capture_default_str();
+  eval->add_option("--json", eval_opts.json, "Also write the measurements to this JSON file");
+  eval->add_option("--tokenizer", eval_opts.tokenizer, "tokenizer.json or its folder (default: beside --model)");
+  eval->add_option("--accuracy_level", eval_opts.accuracy_level,
+                   "ONNX Runtime session.qdq_matmulnbits_accuracy_level (1: fp32 compute; '' leaves ORT's default, "
+                   "which quantizes activations to int8 in MatMulNBits)")->capture_default_str();
+  eval->add_option("--threads", eval_opts.threads, "ONNX Runtime threads (0: its default)")->capture_default_str();
+  eval->add_flag("--quiet", eval_opts.quiet, "No progress lines on stderr");
+  return eval;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,26 +221,7 @@ int main(int argc, char** argv) {
   inspect->add_option("--block_size", inspect_block, "As for quantize")->capture_default_str();
 
   nibble::EvalOptions eval_opts;
-  CLI::App* eval = app.add_subcommand(
-      "eval", "Perplexity of a model; with --reference, also KL(P_reference || P_model) and top-1 agreement");
-  eval->add_option("--model", eval_opts.model, "ONNX model to measure (tokenizer.json beside it)")->required();
-  eval->add_option("--reference", eval_opts.reference,
-                   "Reference (float) model: adds its perplexity, the mean per-token KL(P_reference || P_model) "
-                   "and the top-1 agreement over the same windows");
-  eval->add_option("--text", eval_opts.text,
-                   "Text to measure on: a .txt file, or .jsonl with a \"text\" field per line (default: the "
-                   "corpus eval split of tools/corpus.py, never used for calibration)");
-  eval->add_option("--windows", eval_opts.windows, "Windows of --seq_len tokens (consecutive, from the start)")
-      ->capture_default_str();
-  eval->add_option("--seq_len", eval_opts.seq_len, "Tokens per window; each window is one forward pass from an "
-                   "empty KV cache")->capture_default_str();
-  eval->add_option("--json", eval_opts.json, "Also write the measurements to this JSON file");
-  eval->add_option("--tokenizer", eval_opts.tokenizer, "tokenizer.json or its folder (default: beside --model)");
-  eval->add_option("--accuracy_level", eval_opts.accuracy_level,
-                   "ONNX Runtime session.qdq_matmulnbits_accuracy_level (1: fp32 compute; '' leaves ORT's default, "
-                   "which quantizes activations to int8 in MatMulNBits)")->capture_default_str();
-  eval->add_option("--threads", eval_opts.threads, "ONNX Runtime threads (0: its default)")->capture_default_str();
-  eval->add_flag("--quiet", eval_opts.quiet, "No progress lines on stderr");
+  CLI::App* eval = add_eval_command(app, eval_opts);
 
   try {
     app.parse(argc, argv);

@@ -11,21 +11,15 @@ namespace nibble {
 namespace {
 
 
-// Divides a constant by s along one axis: `axis_len` consecutive... generic over a [outer, K, inner] view.
-std::vector<uint8_t> divide(OnnxModel& model, const onnx::TensorProto& t, const std::vector<float>& s,
-                            int64_t outer, int64_t inner) {
+// A constant divided by s along the axis of length K = s.size(), as numpy's tensor / pre_quant_scale
+// in the weight dtype: a [.., K] vector or a [R, K] matrix (columns), or a [K, C] matrix (rows, a
+// Gemm transB weight). The division runs on the backend (divide_columns: K is its N axis).
+std::vector<uint8_t> divide(OnnxModel& model, kernels::Backend& backend, const onnx::TensorProto& t,
+                            const std::vector<float>& s, bool rows) {
   TensorView v = model.view(t);
-  const DType dt = v.dtype;
-  const int64_t K = int64_t(s.size());
-  std::vector<uint8_t> out(size_t(v.numel) * dtype_size(dt));
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t i = 0; i < inner; ++i) {
-        const size_t idx = size_t((o * K + k) * inner + i);
-        // numpy: tensor / pre_quant_scale, both in the weight dtype
-        store_float(dt, out.data(), idx, round_to(dt, load_float(dt, v.data, idx) / round_to(dt, s[size_t(k)])));
-      }
-  return out;
+  const int64_t K = int64_t(s.size()), other = K ? v.numel / K : 0;
+  const kernels::WeightMatrix w{v.dtype, v.data, rows ? K : other, rows ? other : K, rows ? 1 : 0};
+  return backend.divide_columns(w, s.data());
 }
 
 bool is_float_const(const onnx::TensorProto* t) {
@@ -41,9 +35,9 @@ std::vector<float> inverse(const std::vector<float>& s, DType dt) {
 // Folds 1/s of one activation into its producer node where that is exact.
 class Folder {
  public:
-  Folder(OnnxModel& model, const Plan& plan, GraphRewriter& rw,
+  Folder(OnnxModel& model, const Plan& plan, GraphRewriter& rw, kernels::Backend& backend,
          std::map<std::string, std::vector<float>>& column_divisors)
-      : model_(model), g_(model.proto().graph()), rw_(rw), column_divisors_(column_divisors) {
+      : model_(model), g_(model.proto().graph()), rw_(rw), backend_(backend), column_divisors_(column_divisors) {
     for (int i = 0; i < g_.node_size(); ++i) {
       for (const auto& o : g_.node(i).output()) producer_[o] = i;
       for (const auto& in : g_.node(i).input()) ++readers_[in];
@@ -96,7 +90,7 @@ class Folder {
       if (t < p.input_size() && !p.input(t).empty() && !is_vector_k(init(p, t), K)) return false;
     for (int t : targets)
       if (t < p.input_size() && !p.input(t).empty())
-        rw_.set_initializer_data(init(p, t)->name(), divide(model_, *init(p, t), s, 1, 1));
+        rw_.set_initializer_data(init(p, t)->name(), divide(model_, backend_, *init(p, t), s, false));
     return true;
   }
 
@@ -119,7 +113,7 @@ class Folder {
         return true;
       }
       if (t->dims_size() >= 1 && t->dims(t->dims_size() - 1) == K && numel == K) {
-        rw_.set_initializer_data(t->name(), divide(model_, *t, s, 1, 1));
+        rw_.set_initializer_data(t->name(), divide(model_, backend_, *t, s, false));
         return true;
       }
     }
@@ -137,14 +131,15 @@ class Folder {
     const bool has_bias = p.input_size() >= 3 && !p.input(2).empty();
     if ((has_bias && !is_vector_k(bias, K)) || (trans ? w->dims(0) : w->dims(1)) != K) return false;
     if (planned_.count(w->name())) column_divisors_[w->name()] = s;
-    else rw_.set_initializer_data(w->name(), trans ? divide(model_, *w, s, 1, w->dims(1)) : divide(model_, *w, s, w->dims(0), 1));
-    if (has_bias) rw_.set_initializer_data(bias->name(), divide(model_, *bias, s, 1, 1));
+    else rw_.set_initializer_data(w->name(), divide(model_, backend_, *w, s, trans));
+    if (has_bias) rw_.set_initializer_data(bias->name(), divide(model_, backend_, *bias, s, false));
     return true;
   }
 
   OnnxModel& model_;
   const onnx::GraphProto& g_;
   GraphRewriter& rw_;
+  kernels::Backend& backend_;
   std::map<std::string, std::vector<float>>& column_divisors_;
   std::map<std::string, int> producer_;  // tensor -> node index
   std::map<std::string, int> readers_;   // tensor -> number of reading inputs
@@ -155,9 +150,10 @@ class Folder {
 
 std::map<std::string, std::vector<float>> place_awq_scales(OnnxModel& model, const Plan& plan,
                                                            const std::map<std::string, std::vector<float>>& scales,
-                                                           GraphRewriter& rw, bool fuse) {
+                                                           GraphRewriter& rw, kernels::Backend& backend,
+                                                           bool fuse) {
   std::map<std::string, std::vector<float>> column_divisors;
-  Folder folder(model, plan, rw, column_divisors);
+  Folder folder(model, plan, rw, backend, column_divisors);
   auto per_weight_mul = [&](const PlannedWeight& pw) {
     rw.insert_scale_mul(pw.activation, pw.nodes, pw.dtype, inverse(scales.at(pw.weight), pw.dtype),
                         pw.weight + "_PQS", pw.weight + "_awq_scale", pw.weight + "_PQS_Tensor");

@@ -16,9 +16,10 @@ namespace nibble {
 // constant, a MatMul/Gemm producer's weight columns — and otherwise a Mul node (one per group of
 // siblings, or one per weight with fuse off or when the activation is a graph input). Returns, for
 // planned weights that are themselves producers, the column divisors to apply BEFORE they are
-// quantized (ModelOpt folds after, and loses the 1/s).
+// quantized (ModelOpt folds after, and loses the 1/s). Divisions of constants run on `backend`.
 std::map<std::string, std::vector<float>> place_awq_scales(OnnxModel& model, const Plan& plan,
                                                            const std::map<std::string, std::vector<float>>& scales,
-                                                           GraphRewriter& rewriter, bool fuse);
+                                                           GraphRewriter& rewriter, kernels::Backend& backend,
+                                                           bool fuse);
 
 }  // namespace nibble

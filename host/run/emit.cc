@@ -103,7 +103,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   std::map<std::string, std::vector<float>> scales, column_divisors;
   for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
   if (o.searches_scales())
-    column_divisors = place_awq_scales(model, plan, scales, rewriter, !o.awqlite_disable_fuse_nodes);
+    column_divisors = place_awq_scales(model, plan, scales, rewriter, backend, !o.awqlite_disable_fuse_nodes);
   Progress progress(int64_t(plan.weights.size()), e.bytes_in, !o.quiet);
   for (const auto& pw : plan.weights) {
     const auto tw = std::chrono::steady_clock::now();

@@ -19,6 +19,7 @@ from .test_calib import make_tiny
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.toml")))
 OPTIONS_H = os.path.join(REPO, "host", "options.h")
+CALIB_H = os.path.join(REPO, "calib", "calibration.h")
 
 
 def error_lines(r) -> list[str]:
@@ -151,9 +152,18 @@ def help_flags(nibble) -> set[str]:
     return set(re.findall(r"^\s+--([a-z0-9_]+)", r.stdout, re.M)) - {"help"}
 
 
+def struct_fields(path: str, struct: str) -> set[str]:
+    body = open(path).read().split("struct " + struct + " {", 1)[1].split("\n};", 1)[0]
+    return set(re.findall(r"^  (?:[\w:<>]+)\s+(\w+)(?:\s*=[^;]*|\{[^;]*\})?;", body, re.M))
+
+
 def option_fields() -> set[str]:
-    body = open(OPTIONS_H).read().split("struct QuantizeOptions", 1)[1]
-    return set(re.findall(r"^\s+(?:std::string|bool|int64_t|int|double|std::vector<std::string>)\s+(\w+)", body, re.M))
+    """Every field of QuantizeOptions under its flag's name: the calibration flags live in its
+    CalibrationOptions member, --mixed_strategy in mixed_strategy_flag."""
+    fields = struct_fields(OPTIONS_H, "QuantizeOptions") - {"calib", "mixed_strategy_flag"}
+    fields |= {"mixed_strategy"}
+    fields |= struct_fields(CALIB_H, "CalibrationOptions") - {"threads", "quiet"}  # set from --threads/--quiet
+    return fields
 
 
 def test_report_records_every_option(nibble, model_cache, tmp_path):

@@ -676,8 +676,12 @@ def capture(a) -> int:
         del sess
         for i in group:
             acc = accs.pop(i)
-            if acc.nonfinite:
-                warn(f"activation '{acc.name}': non-finite values (inf/nan) in the statistics")
+            # An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.
+            if acc.nonfinite or (acc.gram is not None and not np.isfinite(acc.gram).all()) or \
+                    (a.gram_block > 0 and not np.isfinite(acc.gblocks).all()):
+                raise CalibError(f"{model_path}: activation '{acc.name}' takes non-finite values (inf/nan) on "
+                                 f"the calibration data, so its statistics cannot guide the search (check the "
+                                 f"inputs; an fp16 model may overflow: use rtn_dq, or calibrate an fp32 export)")
             files = {"mean_abs_np": f"a{i}.mean_abs_np.f32", "sum_abs": f"a{i}.sum_abs.f64",
                      "gram": f"a{i}.gram.f64"}
             try:

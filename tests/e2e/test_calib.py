@@ -566,6 +566,20 @@ def _err_case(tiny, tmp, case):
         return ["capture", "--model", mp, "--out", os.path.join(d, "out"), "--activations",
                 acts_json(d, [("hidden", H)]), "--eps", "cpu", "--calib_data", os.path.join(d, "c.npz")], \
             ["'input_ids' is not an input"]
+    if case == "nonfinite_activation":
+        x = helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["b", "s", H])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", H])
+        wgt = numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "W")
+        g = helper.make_graph([helper.make_node("MatMul", ["hidden", "W"], ["y"])], "g", [x], [y], [wgt])
+        mp = os.path.join(d, "m", "model.onnx")
+        os.makedirs(os.path.dirname(mp))
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), mp)
+        hid = rng.standard_normal((2, 5, H)).astype(np.float32)
+        hid[1, 3, 7] = np.inf
+        np.savez(os.path.join(d, "c.npz"), hidden=hid)
+        return ["capture", "--model", mp, "--out", os.path.join(d, "out"), "--activations",
+                acts_json(d, [("hidden", H)]), "--eps", "cpu", "--calib_data", os.path.join(d, "c.npz")], \
+            ["'hidden'", "non-finite"]
     if case == "no_tokenizer":
         import shutil
         m2 = os.path.join(d, "m2")
@@ -617,7 +631,7 @@ def _err_case(tiny, tmp, case):
 ERROR_CASES = ["dataset_missing", "dataset_unknown_type", "too_few_texts", "too_few_tokens", "bad_jsonl",
                "parquet_without_pyarrow", "npz_wrong_name", "npz_wrong_rank", "npz_wrong_dim", "npz_wrong_dtype",
                "npz_sample_counts", "npz_not_npz", "npz_missing", "model_without_input_ids", "npz_lacks_input",
-               "no_tokenizer", "unknown_ep", "unavailable_ep_only", "activation_not_in_graph",
+               "nonfinite_activation", "no_tokenizer", "unknown_ep", "unavailable_ep_only", "activation_not_in_graph",
                "activation_wrong_K", "activations_bad_json", "model_missing", "model_not_onnx",
                "out_is_model_folder", "bad_flag", "no_past_kv_but_model_has_them", "grid_missing_file",
                "grid_wrong_size"]

@@ -742,6 +742,17 @@ def get_scale(x_max, w_max, alpha):
     return scales
 
 
+def get_scale_per_subgraph(x_m, w_m, alpha):
+    """ModelOpt 0.47 run_awq_scale_search_per_subgraph's formula, verbatim: alpha is an np.float64 of
+    np.arange there, so under NumPy 2 the scale is float64 (cast to float32 by the caller)."""
+    alpha = np.float64(alpha)
+    awq_scale = (x_m.__pow__(alpha) / (w_m.__pow__(1 - alpha) + 1e-4)).clip(min=1e-4)
+    awq_scale = awq_scale / np.sqrt(awq_scale.max() * awq_scale.min())
+    awq_scale[np.isinf(awq_scale)] = 1
+    awq_scale[np.isnan(awq_scale)] = 1
+    return awq_scale
+
+
 _ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _GRID_DTYPES = {"float32": (np.float32, "f32"), "float16": (np.float16, "f16")}
 
@@ -773,6 +784,10 @@ def grid(a) -> int:
         os.makedirs(a.out, exist_ok=True)
     except OSError as e:
         raise CalibError(f"--out {a.out}: cannot create the folder ({e.strerror or e})") from None
+    formula = req.get("formula", "per_node")
+    if formula not in ("per_node", "per_subgraph"):
+        raise CalibError(f"--request {req_path}: \"formula\" must be per_node or per_subgraph")
+    scale_fn = get_scale if formula == "per_node" else get_scale_per_subgraph
     np_dt, ext = _GRID_DTYPES[dtype_name]
     file_dt = np.dtype(np_dt).newbyteorder("<")
     for j, it in enumerate(items):
@@ -795,7 +810,7 @@ def grid(a) -> int:
                                  f"{os.path.getsize(p)} bytes, {K} {dtype_name} values expected")
             vec[key] = v.astype(np_dt)    # native byte order, the dtype ModelOpt has
         with np.errstate(all="ignore"):
-            rows = [get_scale(vec["x_mean"], vec["w_mean"], alpha) for alpha in alphas]
+            rows = [scale_fn(vec["x_mean"], vec["w_mean"], alpha).astype(np_dt) for alpha in alphas]
         outp = os.path.join(a.out, f"{it['id']}.grid.{ext}")
         try:
             _write(outp, np.stack(rows), file_dt)

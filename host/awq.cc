@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -93,6 +94,81 @@ std::string fmt_losses(const std::vector<double>& l, int best) {
   return buf;
 }
 
+// ModelOpt's per-subgraph weight statistic: the siblings side by side ([K, sum N], row-major) viewed
+// as [block, -1], each element normalised by the max of its column of that view (+1e-6), then
+// averaged over the sum N. ModelOpt's reshape fails unless K * sum N is a multiple of the block.
+std::vector<float> weight_mean_subgraph(const std::vector<float>& wc, int64_t K, int64_t NT, int64_t block) {
+  const int64_t M = K * NT / block;
+  std::vector<float> amax(static_cast<size_t>(M), 0.0f), row(static_cast<size_t>(NT)), out(static_cast<size_t>(K));
+  for (int64_t f = 0; f < K * NT; ++f) amax[size_t(f % M)] = std::max(amax[size_t(f % M)], std::fabs(wc[size_t(f)]));
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t n = 0; n < NT; ++n)
+      row[size_t(n)] = std::fabs(wc[size_t(k * NT + n)]) / (amax[size_t((k * NT + n) % M)] + 1e-6f);
+    out[size_t(k)] = kernels::numpy_sum_f32(row.data(), NT) / float(NT);
+  }
+  return out;
+}
+
+// ModelOpt's awqlite_run_per_subgraph (reference §5.6): one search per activation over all the
+// MatMuls reading it (the loss summed over them), on the grid of --awqlite_alpha_step, with its own
+// scale formula; every sibling gets the chosen s, so the shared producer can carry one 1/s.
+std::map<std::string, AwqChoice> per_subgraph_modelopt(OnnxModel& model, const Plan& plan, Calibration& calib,
+                                                       const QuantizeOptions& o) {
+  const std::vector<double> alphas = awq_alphas(o.awqlite_alpha_step);
+  std::vector<Calibration::GridItem> items;
+  for (const auto& [act, idx] : plan.siblings) {
+    const int64_t K = plan.weights[idx[0]].K(), bs = plan.weights[idx[0]].resolved_block();
+    int64_t NT = 0;
+    for (size_t i : idx) NT += plan.weights[i].N();
+    if ((K * NT) % bs != 0)
+      throw Error("--awqlite_run_per_subgraph --awq_mode modelopt: the weights reading '" + act + "' have K * N = " +
+                  std::to_string(K * NT) + ", not a multiple of the block " + std::to_string(bs) +
+                  " (ModelOpt fails there too; use --awq_mode nibble)");
+    std::vector<float> wc(size_t(K * NT));
+    int64_t n0 = 0;
+    for (size_t i : idx) {
+      Loaded l = load(model, plan.weights[i]);
+      const int64_t N = plan.weights[i].N();
+      for (int64_t k = 0; k < K; ++k)
+        std::copy_n(l.w_kn.begin() + k * N, N, wc.begin() + k * NT + n0);
+      n0 += N;
+      model.release(l.view);
+    }
+    const kernels::ActivationStats st = calib.stats(act, true);
+    Calibration::GridItem it;
+    it.id = "g" + std::to_string(items.size());
+    it.x_mean.assign(st.x_mean, st.x_mean + st.K);
+    it.w_mean = weight_mean_subgraph(wc, K, NT, bs);
+    items.push_back(std::move(it));
+  }
+  const auto grid = calib.numpy_grid(items, alphas, /*per_subgraph=*/true);
+  std::map<std::string, AwqChoice> out;
+  GramCache grams(false);
+  size_t g = 0, done = 0;
+  for (const auto& [act, idx] : plan.siblings) {
+    const auto& scales = grid.at("g" + std::to_string(g++));
+    kernels::ActivationStats st;
+    const float* g32 = grams.get(calib, act, true, &st);
+    AwqChoice c;
+    c.losses.assign(alphas.size(), 0.0);
+    for (size_t i : idx) {
+      Loaded l = load(model, plan.weights[i]);
+      for (size_t a = 0; a < alphas.size(); ++a)
+        c.losses[a] += kernels::awq_loss(l.w, l.w_kn, scales[a].data(), spec_of(plan.weights[i], o), g32, st.rows);
+      model.release(l.view);
+    }
+    const int best = first_min(c.losses);
+    c.alpha = alphas[size_t(best)];
+    c.scale = scales[size_t(best)];
+    for (size_t i : idx) {
+      spdlog::info("awq [{}/{}] {} alpha {:.2f} {} (per subgraph)", ++done, plan.weights.size(),
+                   plan.weights[i].weight, c.alpha, fmt_losses(c.losses, best));
+      out[plan.weights[i].weight] = c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void average_sibling_scales_modelopt(const Plan& plan, std::map<std::string, AwqChoice>* choices) {
@@ -118,6 +194,7 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
   size_t done = 0;
   const bool fuse = !o.awqlite_disable_fuse_nodes;
 
+  if (modelopt && o.awqlite_run_per_subgraph) return per_subgraph_modelopt(model, plan, calib, o);
   if (modelopt) {
     // ModelOpt: one search per node on the fixed grid, with numpy's own scale arithmetic.
     const std::vector<double> alphas = awq_alphas(0.1);
@@ -150,7 +227,7 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
       spdlog::info("awq [{}/{}] {} alpha {:.1f} {}", ++done, total, pw.weight, c.alpha, fmt_losses(c.losses, best));
       out[pw.weight] = std::move(c);
     }
-    if (fuse && !o.awqlite_run_per_subgraph) average_sibling_scales_modelopt(plan, &out);
+    if (fuse) average_sibling_scales_modelopt(plan, &out);
     return out;
   }
 

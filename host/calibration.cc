@@ -304,11 +304,13 @@ kernels::ActivationStats Calibration::stats(const std::string& activation, bool 
 }
 
 std::map<std::string, std::vector<std::vector<float>>> Calibration::numpy_grid(const std::vector<GridItem>& items,
-                                                                                const std::vector<double>& alphas) {
+                                                                                const std::vector<double>& alphas,
+                                                                                bool per_subgraph) {
   const fs::path dir = fs::path(dir_) / "grid";
   std::error_code ec;
   fs::create_directories(dir, ec);
   nlohmann::json req = {{"alphas", alphas}, {"items", nlohmann::json::array()}};
+  if (per_subgraph) req["formula"] = "per_subgraph";
   auto dump = [&](const std::string& name, const std::vector<float>& v) {
     std::ofstream f(dir / name, std::ios::binary);
     f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));

@@ -57,8 +57,10 @@ class Calibration {
     std::string id;
     std::vector<float> x_mean, w_mean;
   };
+  // per_subgraph: the formula of ModelOpt's per-subgraph search instead of get_scale (calib/capture.py grid).
   std::map<std::string, std::vector<std::vector<float>>> numpy_grid(const std::vector<GridItem>& items,
-                                                                     const std::vector<double>& alphas);
+                                                                     const std::vector<double>& alphas,
+                                                                     bool per_subgraph = false);
 
  private:
   struct Entry {

@@ -89,6 +89,13 @@ void validate_options(const QuantizeOptions& o) {
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
+  if (o.awqlite_run_per_subgraph && o.awq_mode == "modelopt" && o.algo == "awq_full")
+    throw Error("--awqlite_run_per_subgraph with --algo awq_full --awq_mode modelopt: ModelOpt refuses the "
+                "per-subgraph search with the clip search (use --awq_mode nibble)");
+  if (o.awqlite_run_per_subgraph && o.awq_mode == "modelopt" && mixed_enabled(o) &&
+      (o.algo == "awq_lite" || o.algo == "awq_full"))
+    throw Error("--awqlite_run_per_subgraph --awq_mode modelopt: ModelOpt refuses the per-subgraph search with "
+                "mixed precision (use --awq_mode nibble)");
   if (!o.gather_quantize_axis.empty())
     throw Error("--gather_quantize_axis is not implemented yet (embeddings stay float)");
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");

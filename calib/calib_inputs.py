@@ -145,6 +145,10 @@ class FeedBuilder:
                              f"that must be fed")
         if opts.add_position_ids and "position_ids" not in self.specs:
             warn(f"--add_position_ids: the model has no position_ids input, none is fed")
+        if opts.add_position_ids and "position_ids" in self.specs:
+            warn("--add_position_ids: no effect: position_ids is fed whenever the model has that input")
+        if opts.no_position_ids and "position_ids" not in self.specs:
+            warn("--no_position_ids: no effect: the model has no position_ids input")
         self._past_len = 0
         if opts.use_buffer_share and self.past:
             self._past_len = self._max_context()
@@ -511,6 +515,41 @@ def text_batches(model_path: str, specs: list[InputSpec], opts: FeedOptions, dat
     texts, src = dataset_texts(dataset, calib_size, seq_len)
     ids, mask = tt.encode(texts, seq_len, src)
     return TextBatches(ids, mask, batch_size, fb, src)
+
+
+def vocab_size(model, model_path: str) -> int:
+    """Rows of the embedding table that input_ids index (a Gather of an initializer), else the fixed
+    last dimension of a 'logits' output."""
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Gather" and len(n.input) >= 2 and n.input[1] == "input_ids" and n.input[0] in dims:
+            return int(dims[n.input[0]][0])
+    for o in model.graph.output:
+        if o.name == "logits" and o.type.tensor_type.HasField("shape") and o.type.tensor_type.shape.dim:
+            d = o.type.tensor_type.shape.dim[-1]
+            if d.HasField("dim_value") and d.dim_value > 0:
+                return int(d.dim_value)
+    raise CalibError(f"{model_path}: --use_random_calib cannot tell the vocabulary size (no Gather of "
+                     f"input_ids from an initializer, no 'logits' output of fixed width)")
+
+
+RANDOM_SEED = 0
+
+
+def random_batches(model, model_path: str, specs: list[InputSpec], opts: FeedOptions, calib_size: int,
+                   seq_len: int, batch_size: int) -> TextBatches:
+    """ModelOpt's --use_random_calib: random token ids instead of a dataset (no tokenizer needed),
+    drawn from a fixed seed so that two runs calibrate alike; calib_size windows of seq_len tokens
+    (ModelOpt draws one sample), ids within the model's vocabulary, no padding."""
+    if "input_ids" not in {s.name for s in specs}:
+        raise CalibError(f"{model_path}: --use_random_calib draws token ids, but the model has no input_ids "
+                         f"input (pass --calib_data FILE.npz)")
+    V = vocab_size(model, model_path)
+    rng = np.random.default_rng(RANDOM_SEED)
+    ids = rng.integers(0, V, (calib_size, seq_len), dtype=np.int64)
+    fb = FeedBuilder(model_path, specs, opts, model_path)
+    return TextBatches(ids, np.ones_like(ids), batch_size, fb,
+                       f"random token ids (seed {RANDOM_SEED}, vocabulary {V})")
 
 
 class NpzBatches(Batches):

@@ -40,7 +40,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 import numpy as np  # noqa: E402
 
 from calib_inputs import (CalibError, FeedOptions, NpzBatches, model_inputs, note,  # noqa: E402
-                          text_batches, warn)
+                          random_batches, text_batches, warn)
 
 INDEX_VERSION = 1
 
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch_size", type=int, default=1)
     c.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder (default: beside the model)")
     c.add_argument("--eps", default="cuda,cpu", help="execution providers in order of preference")
+    c.add_argument("--random_calib", action="store_true",
+                   help="random token ids (fixed seed) instead of a dataset: --calib_size x --seq_len")
     c.add_argument("--add_position_ids", action="store_true")
     c.add_argument("--no_position_ids", action="store_true")
     c.add_argument("--no_past_kv_inputs", action="store_true")
@@ -590,7 +592,11 @@ def capture(a) -> int:
     specs = model_inputs(model)
     opts = FeedOptions(a.add_position_ids, a.no_position_ids, a.no_past_kv_inputs, a.use_buffer_share, a.use_fp32)
 
-    if a.calib_data:
+    if a.calib_data and a.random_calib:
+        raise CalibError("--calib_data and --use_random_calib contradict each other (give one)")
+    if a.random_calib:
+        batches = random_batches(model, model_path, specs, opts, a.calib_size, a.seq_len, a.batch_size)
+    elif a.calib_data:
         batches = NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
     else:
         batches = text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,

@@ -126,6 +126,7 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
   nlohmann::json settings = {{"model", fs::weakly_canonical(model_path, ec).string()},
                              {"dataset", o.dataset},
                              {"calib_data", o.calib_data},
+                             {"random_calib", o.use_random_calib},
                              {"calib_size", o.calib_size},
                              {"seq_len", o.calib_seq_len},
                              {"batch_size", o.batch_size},
@@ -167,6 +168,7 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
       argv.push_back("--tokenizer");
       argv.push_back(o.model_name);
     }
+    if (o.use_random_calib) argv.push_back("--random_calib");
     if (o.add_position_ids) argv.push_back("--add_position_ids");
     if (o.no_position_ids) argv.push_back("--no_position_ids");
     if (o.no_past_kv_inputs) argv.push_back("--no_past_kv_inputs");

@@ -67,6 +67,27 @@ void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
                   " has a non-finite scale (the weight holds NaN or Inf values)");
 }
 
+// Flags ModelOpt's command line has that change nothing in this configuration: one line each.
+void warn_inert_flags(const QuantizeOptions& o) {
+  const bool lite = o.algo == "awq_lite" || o.algo == "awq_full";
+  const bool clip = o.algo == "awq_clip" || o.algo == "awq_full";
+  if (o.gather_block_size != 32)
+    spdlog::warn("--gather_block_size {}: no effect: Gather (embedding) quantization is not implemented, "
+                 "embeddings stay float", o.gather_block_size);
+  if (lite && o.awq_mode == "modelopt" && !o.awqlite_run_per_subgraph && o.awqlite_alpha_step != 0.1)
+    spdlog::warn("--awqlite_alpha_step {}: no effect with --awq_mode modelopt: ModelOpt's per-node search uses "
+                 "its fixed grid 0, 0.1, ..., 1 (--awq_mode nibble and --awqlite_run_per_subgraph honour it)",
+                 o.awqlite_alpha_step);
+  if (clip && o.awq_mode == "nibble" && o.awqclip_bsz_col != 1024)
+    spdlog::warn("--awqclip_bsz_col {}: no effect with --awq_mode nibble: its clip search works on the Gram "
+                 "matrix, with no column chunks", o.awqclip_bsz_col);
+  if (!lite && !clip && !mixed_needs_calibration(o))
+    for (const auto& [on, flag] : {std::pair{o.use_random_calib, "--use_random_calib"},
+                                   {o.add_position_ids, "--add_position_ids"},
+                                   {o.no_position_ids, "--no_position_ids"}})
+      if (on) spdlog::warn("{}: no effect: --algo {} runs no calibration", flag, o.algo);
+}
+
 }  // namespace
 
 void validate_options(const QuantizeOptions& o) {
@@ -110,6 +131,7 @@ int run_quantize(const QuantizeOptions& o) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   validate_options(o);
+  warn_inert_flags(o);
   kernels::set_num_threads(o.threads);
   std::string why;
   auto backend = kernels::make_backend(

@@ -1,9 +1,11 @@
 #include "host/calibration.h"
 
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 
 #include "kernels/quant_types.h"
 #include "loaders/error.h"
+#include "loaders/onnx_model.h"
 
 extern char** environ;
 namespace fs = std::filesystem;
@@ -31,6 +34,77 @@ std::string shell_join(const std::vector<std::string>& argv) {
   std::string s;
   for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
   return s;
+}
+
+// Size and a 64-bit FNV-1a hash of the content: whole files up to 64 MiB; for larger ones 64 windows
+// of 64 KiB spread over the file, plus its modification time. A file rewritten in place or replaced
+// under the same name then no longer matches statistics measured on the old one.
+nlohmann::json file_fingerprint(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) return "missing";
+  constexpr uint64_t kWhole = 64ull << 20, kWin = 64 << 10, kWins = 64;
+  std::ifstream f(path, std::ios::binary);
+  uint64_t h = 1469598103934665603ull;
+  std::vector<char> buf(kWin);
+  auto hash_at = [&](uint64_t off, uint64_t len) {
+    f.clear();
+    f.seekg(std::streamoff(off));
+    while (len > 0) {
+      f.read(buf.data(), std::streamsize(std::min<uint64_t>(len, kWin)));
+      const auto got = uint64_t(f.gcount());
+      if (got == 0) break;
+      for (uint64_t i = 0; i < got; ++i) h = (h ^ uint8_t(buf[i])) * 1099511628211ull;
+      len -= got;
+    }
+  };
+  nlohmann::json j = {{"size", size}};
+  if (size <= kWhole) {
+    hash_at(0, size);
+  } else {
+    for (uint64_t w = 0; w < kWins; ++w) hash_at((size - kWin) / (kWins - 1) * w, kWin);
+    j["mtime"] = int64_t(fs::last_write_time(path, ec).time_since_epoch().count());
+  }
+  j["fnv1a"] = h;
+  return j;
+}
+
+// Every file whose content the statistics depend on: the model and its external data, the
+// calibration file, and the tokenizer's and GenAI configuration files.
+nlohmann::json input_fingerprints(const QuantizeOptions& o, const std::string& model_path) {
+  std::vector<std::string> files = OnnxModel::load(model_path)->input_files();
+  if (!o.calib_data.empty()) files.push_back(o.calib_data);
+  std::error_code ec;
+  if (o.calib_data.empty() && !o.use_random_calib && fs::is_regular_file(o.dataset, ec)) files.push_back(o.dataset);
+  const fs::path model_dir = fs::path(model_path).parent_path();
+  fs::path tok = o.model_name.empty() ? model_dir : fs::path(o.model_name);
+  if (fs::is_regular_file(tok, ec)) tok = tok.parent_path();
+  for (const auto* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::exists(tok / f, ec)) files.push_back((tok / f).string());
+  for (const auto* f : {"genai_config.json", "config.json"})
+    if (fs::exists(model_dir / f, ec)) files.push_back((model_dir / f).string());
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& f : files) out[fs::weakly_canonical(f, ec).string()] = file_fingerprint(f);
+  return out;
+}
+
+// What differs between a cache's settings and this run's, for the log.
+std::string settings_diff(const nlohmann::json& old, const nlohmann::json& now) {
+  std::string d;
+  auto add = [&](const std::string& s) { d += (d.empty() ? "" : ", ") + s; };
+  for (const auto& [k, v] : now.items()) {
+    if (!old.is_object() || !old.contains(k)) {
+      add(k);
+    } else if (k == "files" && old[k].is_object()) {
+      for (const auto& [f, fp] : v.items())
+        if (!old[k].contains(f) || old[k][f] != fp) add(f);
+      for (const auto& [f, fp] : old[k].items())
+        if (!v.contains(f)) add(f);
+    } else if (old[k] != v) {
+      add(k);
+    }
+  }
+  return d.empty() ? "an unreadable settings.json" : d;
 }
 
 }  // namespace
@@ -132,16 +206,30 @@ std::unique_ptr<Calibration> Calibration::run(const QuantizeOptions& o, const st
                              {"batch_size", o.batch_size},
                              {"mask_padding", mask_padding},
                              {"position_ids", o.add_position_ids ? "add" : o.no_position_ids ? "no" : "auto"},
+                             {"model_name", o.model_name},
+                             {"use_fp32", o.use_fp32},
+                             {"use_buffer_share", o.use_buffer_share},
+                             {"no_past_kv_inputs", o.no_past_kv_inputs},
                              {"activations", req}};
+  if (!c->owned_dir_) settings["files"] = input_fingerprints(o, model_path);
   if (extras.sample_tokens > 0) settings["sample_tokens"] = extras.sample_tokens;
   if (extras.gram_block > 0) settings["gram_block"] = extras.gram_block;
   bool reuse = false;
   if (!c->owned_dir_ && fs::exists(dir / "index.json") && fs::exists(dir / "settings.json")) {
+    nlohmann::json old;
     try {
       std::ifstream f(dir / "settings.json");
-      reuse = nlohmann::json::parse(f) == settings;
+      old = nlohmann::json::parse(f);
     } catch (...) {
     }
+    reuse = old == settings;
+    if (reuse)
+      spdlog::info("--calib_cache {}: reusing its statistics (same model, data and settings)", c->dir_);
+    else
+      spdlog::info("--calib_cache {}: not reused, calibrating again (different: {})", c->dir_,
+                   settings_diff(old, settings));
+  } else if (!c->owned_dir_) {
+    spdlog::info("--calib_cache {}: empty, calibrating", c->dir_);
   }
   if (!reuse) {
     fs::remove(dir / "index.json", ec);

@@ -1,10 +1,11 @@
 """Calibration inputs for calib/capture.py: texts, tokenization, and the model's feeds per batch.
 
 Two sources:
-  * text (``--dataset cnn|pilevel|FILE.txt|FILE.jsonl|FILE.parquet``): the first calib_size texts,
+  * text (``--dataset cnn|pilevel|FILE.jsonl|FILE.parquet``): the first calib_size texts,
     tokenized ModelOpt-style (all texts in one call, truncated to seq_len, padded to the longest with
     the pad token = the tokenizer's eos token), then fed to an ORT-GenAI-style decoder: input_ids,
-    attention_mask, position_ids (only when the model has that input), empty past KV.
+    attention_mask, position_ids (only when the model has that input), empty past KV.  A FILE.txt is
+    one token stream cut into calib_size windows of seq_len tokens (no padding).
   * ``--calib_data FILE.npz``: ready model inputs, one array per input, axis 0 = samples.  Inputs the
     file lacks are synthesised when they can be (past KV, attention_mask, position_ids).
 
@@ -283,7 +284,8 @@ def hf_texts(name: str, n: int) -> list[str] | None:
 
 
 def file_texts(path: str, n: int) -> list[str]:
-    """The first n non-empty texts of a .txt (blank-line separated), .jsonl ("text") or .parquet ("text")."""
+    """The first n non-empty texts of a .txt (blank-line separated), .jsonl ("text") or .parquet ("text").
+    (Calibration reads a .txt as one token stream, txt_windows.)"""
     low = path.lower()
     if not os.path.exists(path):
         raise CalibError(f"dataset file {path} not found (--dataset takes cnn, pilevel or a "
@@ -349,6 +351,35 @@ def file_texts(path: str, n: int) -> list[str]:
     except OSError as e:
         raise CalibError(f"{path}: cannot read ({e.strerror or e})") from None
     return texts[:n]
+
+
+def txt_windows(tt: "TextTokenizer", path: str, n: int, seq_len: int) -> np.ndarray:
+    """A .txt file as ONE token stream cut into n consecutive windows of seq_len tokens: short lines
+    and paragraphs are packed together, as llama.cpp's imatrix reads its text file.  Only as much of
+    the file is read and tokenized as the windows need."""
+    if not os.path.isfile(path):
+        raise CalibError(f"dataset file {path} not found (--dataset takes cnn, pilevel or a "
+                         f".txt/.jsonl/.parquet file)")
+    need = n * seq_len
+    text, chunk, eof = "", max(4096, need * 8), False
+    try:
+        with open(path, encoding="utf-8") as f:
+            while True:
+                part = f.read(chunk)
+                eof = len(part) < chunk
+                text += part
+                ids = tt.stream(text)
+                if len(ids) > need or eof:   # past the end of the needed tokens: none is cut short
+                    break
+                chunk *= 2
+    except UnicodeDecodeError as e:
+        raise CalibError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise CalibError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(ids) < need:
+        raise CalibError(f"{path}: too few tokens: {len(ids)}, and --calib_size {n} windows of --seq_len "
+                         f"{seq_len} need {need} (a longer text, or a smaller --calib_size or --seq_len)")
+    return np.asarray(ids[:need], dtype=np.int64).reshape(n, seq_len)
 
 
 def dataset_texts(dataset: str, n: int, seq_len: int) -> tuple[list[str], str]:
@@ -428,6 +459,12 @@ class TextTokenizer:
                 return v
         raise CalibError(f"{self.path}: cannot tell the pad (= eos) token: no eos_token in "
                          f"tokenizer_config.json / special_tokens_map.json, no eos_token_id in genai_config.json")
+
+    def stream(self, text: str) -> list[int]:
+        """The token ids of a whole text, untruncated, unpadded."""
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        return self.tok.encode(text).ids
 
     def encode(self, texts: list[str], seq_len: int, src: str) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, attention_mask) int64 [n, seq_len]: truncation to seq_len, padding to the longest."""
@@ -512,6 +549,9 @@ def text_batches(model_path: str, specs: list[InputSpec], opts: FeedOptions, dat
     fb = FeedBuilder(model_path, specs, opts, f"{model_path}")
     model_dir = os.path.dirname(os.path.abspath(model_path))
     tt = TextTokenizer(tokenizer, model_dir)     # before the texts: a missing tokenizer is the cheaper error
+    if dataset.lower().endswith(".txt"):
+        ids = txt_windows(tt, dataset, calib_size, seq_len)
+        return TextBatches(ids, np.ones_like(ids), batch_size, fb, f"{dataset} (windows of {seq_len} tokens)")
     texts, src = dataset_texts(dataset, calib_size, seq_len)
     ids, mask = tt.encode(texts, seq_len, src)
     return TextBatches(ids, mask, batch_size, fb, src)

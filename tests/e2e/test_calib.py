@@ -324,15 +324,38 @@ def test_passes_under_tiny_budget_give_identical_stats(tiny, tmp_path):
                 assert a[k].tobytes() == b[k].tobytes(), (a["name"], k)
 
 
-def test_text_dataset_txt_and_jsonl(tiny_pos, tmp_path):
+def test_text_file_is_cut_into_windows(tiny_pos, tmp_path):
+    """A .txt of short paragraphs (each far shorter than seq_len) is one token stream cut into
+    calib_size windows of seq_len tokens, packed across lines and paragraphs, no padding."""
+    rng = np.random.default_rng(8)
+    n, seq = 4, 24
+    paras = random_texts(30, rng, 3, 9)
+    (tmp_path / "d.txt").write_text("\n\n".join(p.replace(" w2 ", "\nw2 ") for p in paras) + "\n")
+    words = " ".join(paras).split()
+    assert len(words) > n * seq and max(len(p.split()) for p in paras) < seq
+    ids = np.array([VOCAB[w] for w in words[:n * seq]], np.int64).reshape(n, seq)
+    mask = np.ones((n, seq), np.int64)
+    batches = []
+    for b in range(0, n, 2):
+        f = {"input_ids": ids[b:b + 2], "attention_mask": mask[b:b + 2],
+             "position_ids": np.tile(np.arange(seq, dtype=np.int64), (2, 1))}
+        for kv in ("key", "value"):
+            f[f"past_key_values.0.{kv}"] = np.zeros((2, KVH, 0, HD), np.float32)
+        batches.append(f)
+    ref = reference_activations(tiny_pos, batches, [nm for nm, _ in ACTS])
+    idx = capture_ok(tiny_pos, tmp_path / "out", acts_json(str(tmp_path)), "--dataset", tmp_path / "d.txt",
+                     "--calib_size", n, "--seq_len", seq, "--batch_size", 2, "--mask_padding", 1)
+    assert idx["samples"] == n and idx["tokens_total"] == n * seq == idx["tokens_unpadded"]
+    check_stats(idx, ref, None, False)
+
+
+def test_text_dataset_jsonl(tiny_pos, tmp_path):
     """Text path: first calib_size texts, truncation to seq_len, padding to the longest with eos (right),
     position_ids = ModelOpt's formula (model has the input), past KV heads from genai_config.json
     (symbolic dims in the model)."""
     rng = np.random.default_rng(4)
     seq = 24
     texts = random_texts(7, rng, 3, 20) + [" ".join(rng.choice(WORDS, 40))] + random_texts(3, rng)
-    txt = tmp_path / "d.txt"
-    txt.write_text("\n\n\n".join(t.replace(" w1 ", "\nw1 ") for t in texts) + "\n")
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text("".join(json.dumps({"text": t}) + "\n" + ("\n" if i == 2 else "") for i, t in enumerate(texts)))
     n = 8
@@ -351,7 +374,7 @@ def test_text_dataset_txt_and_jsonl(tiny_pos, tmp_path):
             f[f"past_key_values.0.{kv}"] = np.zeros((4, KVH, 0, HD), np.float32)
         batches.append(f)
     ref = reference_activations(tiny_pos, batches, [nm for nm, _ in ACTS])
-    for ds in (txt, jsonl):
+    for ds in (jsonl,):
         idx = capture_ok(tiny_pos, tmp_path / f"out_{ds.suffix[1:]}", acts_json(str(tmp_path)), "--dataset", ds,
                          "--calib_size", n, "--seq_len", seq, "--batch_size", 4, "--mask_padding", 1)
         assert idx["samples"] == n and idx["seq_len"] == seq and idx["tokens_total"] == n * seq
@@ -504,13 +527,17 @@ def _err_case(tiny, tmp, case):
         open(os.path.join(d, "x.csv"), "w").write("a,b\n")
         return base + ["--dataset", os.path.join(d, "x.csv")], ["x.csv", "unknown type"]
     if case == "too_few_texts":
-        open(os.path.join(d, "few.txt"), "w").write("w1 w2 w3\n\nw4 w5\n")
-        return base + ["--dataset", os.path.join(d, "few.txt"), "--calib_size", "3", "--seq_len", "2"], \
-            ["few.txt", "2 non-empty texts", "--calib_size 3"]
+        open(os.path.join(d, "few.jsonl"), "w").write('{"text": "w1 w2 w3"}\n\n{"text": "w4 w5"}\n')
+        return base + ["--dataset", os.path.join(d, "few.jsonl"), "--calib_size", "3", "--seq_len", "2"], \
+            ["few.jsonl", "2 non-empty texts", "--calib_size 3"]
     if case == "too_few_tokens":
+        open(os.path.join(d, "short.jsonl"), "w").write('{"text": "w1 w2 w3"}\n{"text": "w4 w5"}\n')
+        return base + ["--dataset", os.path.join(d, "short.jsonl"), "--calib_size", "2", "--seq_len", "8"], \
+            ["short.jsonl", "too few tokens", "3 tokens", "--seq_len is 8"]
+    if case == "txt_too_few_tokens":
         open(os.path.join(d, "short.txt"), "w").write("w1 w2 w3\n\nw4 w5\n")
         return base + ["--dataset", os.path.join(d, "short.txt"), "--calib_size", "2", "--seq_len", "8"], \
-            ["short.txt", "too few tokens", "3 tokens", "--seq_len is 8"]
+            ["short.txt", "too few tokens", "5,", "need 16"]
     if case == "bad_jsonl":
         open(os.path.join(d, "b.jsonl"), "w").write('{"text": "w1 w2"}\n{"txt": "w3"}\n')
         return base + ["--dataset", os.path.join(d, "b.jsonl"), "--calib_size", "2"], ["b.jsonl:2", "\"text\""]
@@ -628,7 +655,8 @@ def _err_case(tiny, tmp, case):
     raise AssertionError(case)
 
 
-ERROR_CASES = ["dataset_missing", "dataset_unknown_type", "too_few_texts", "too_few_tokens", "bad_jsonl",
+ERROR_CASES = ["dataset_missing", "dataset_unknown_type", "too_few_texts", "too_few_tokens", "txt_too_few_tokens",
+               "bad_jsonl",
                "parquet_without_pyarrow", "npz_wrong_name", "npz_wrong_rank", "npz_wrong_dim", "npz_wrong_dtype",
                "npz_sample_counts", "npz_not_npz", "npz_missing", "model_without_input_ids", "npz_lacks_input",
                "nonfinite_activation", "no_tokenizer", "unknown_ep", "unavailable_ep_only", "activation_not_in_graph",

@@ -232,6 +232,8 @@ class FeedBuilder:
                 out[name] = self.position_ids(np.asarray(mask)[:, -seq_shape[1]:], self.int_dtype(name))
             elif PAST_RE.match(name) and batch is not None:
                 out[name] = self.past_array(s, batch)
+            elif name == "token_type_ids" and seq_shape is not None:
+                out[name] = np.zeros(seq_shape, dtype=self.int_dtype(name))   # one segment (BERT-style)
             else:
                 raise CalibError(f"{self.where}: no value for the model's input '{name}' ({s.describe()}), "
                                  f"and it cannot be synthesised")
@@ -444,10 +446,11 @@ class TextTokenizer:
         self.model_dir = model_dir
 
     def pad_id(self) -> int:
-        """ModelOpt: pad_token = eos_token of the tokenizer; else genai_config's eos/pad token id."""
-        eos = _token_str(self.cfg.get("eos_token"))
-        if eos is not None:
-            tid = self.tok.token_to_id(eos)
+        """ModelOpt: pad_token = eos_token of the tokenizer; else the tokenizer's own pad token (an
+        encoder's [PAD]); else genai_config's eos/pad token id."""
+        for key in ("eos_token", "pad_token"):
+            tok = _token_str(self.cfg.get(key))
+            tid = self.tok.token_to_id(tok) if tok is not None else None
             if tid is not None:
                 return int(tid)
         gcfg = genai_config(self.model_dir)
@@ -457,8 +460,9 @@ class TextTokenizer:
                 v = v[0]
             if isinstance(v, int):
                 return v
-        raise CalibError(f"{self.path}: cannot tell the pad (= eos) token: no eos_token in "
-                         f"tokenizer_config.json / special_tokens_map.json, no eos_token_id in genai_config.json")
+        raise CalibError(f"{self.path}: texts shorter than --seq_len need padding, and the pad token is unknown: "
+                         f"no eos_token or pad_token in tokenizer_config.json / special_tokens_map.json, no "
+                         f"eos_token_id in genai_config.json (longer texts, or a .txt file, need no padding)")
 
     def stream(self, text: str) -> list[int]:
         """The token ids of a whole text, untruncated, unpadded."""
@@ -468,7 +472,6 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], seq_len: int, src: str) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, attention_mask) int64 [n, seq_len]: truncation to seq_len, padding to the longest."""
-        pad = self.pad_id()
         tok = self.tok
         tok.no_padding()
         tok.enable_truncation(max_length=seq_len)
@@ -481,6 +484,7 @@ class TextTokenizer:
         if longest < seq_len:
             raise CalibError(f"{src}: too few tokens: the longest of the {len(texts)} calibration texts has "
                              f"{longest} tokens, --seq_len is {seq_len} (use longer texts or a smaller --seq_len)")
+        pad = self.pad_id() if min(lens) < seq_len else 0    # full-length texts need no pad token
         ids = np.full((len(texts), seq_len), pad, dtype=np.int64)
         mask = np.zeros((len(texts), seq_len), dtype=np.int64)
         for i, e in enumerate(encs):

@@ -412,20 +412,62 @@ def _token_str(v):
     return v if isinstance(v, str) else None
 
 
+HUB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def hub_cache_dir() -> str:
+    """Where huggingface_hub keeps downloaded repositories ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/...)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(home, "hub")
+
+
+def hub_snapshot(name: str) -> tuple[str | None, str]:
+    """(folder of the cached snapshot of hub repository `name` holding tokenizer.json, or None; where
+    it was looked for).  The snapshot refs/main names wins, else any snapshot that has the file."""
+    repo = os.path.join(hub_cache_dir(), "models--" + name.replace("/", "--"))
+    snaps = os.path.join(repo, "snapshots")
+    order = []
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            order.append(f.read().strip())
+    except OSError:
+        pass
+    if os.path.isdir(snaps):
+        order += sorted(os.listdir(snaps))
+    for rev in order:
+        d = os.path.join(snaps, rev)
+        if rev and os.path.isfile(os.path.join(d, "tokenizer.json")):
+            return d, repo
+    return None, repo
+
+
 class TextTokenizer:
     def __init__(self, tokenizer_arg: str | None, model_dir: str):
+        if tokenizer_arg and not os.path.exists(tokenizer_arg) and HUB_NAME_RE.match(tokenizer_arg):
+            # a Hugging Face hub name (ModelOpt's --model_name): its copy in the local cache, if any
+            snap, looked = hub_snapshot(tokenizer_arg)
+            if snap is None:
+                raise CalibError(f"--model_name {tokenizer_arg}: not a folder here, and no tokenizer.json for it "
+                                 f"in the Hugging Face cache ({looked}); nibble downloads nothing: pass "
+                                 f"--model_name FOLDER holding tokenizer.json")
+            note(f"--model_name {tokenizer_arg}: tokenizer from the Hugging Face cache, {snap}")
+            tokenizer_arg = snap
         if tokenizer_arg:
             path = tokenizer_arg
             if os.path.isdir(path):
                 path = os.path.join(path, "tokenizer.json")
             if not os.path.isfile(path):
-                raise CalibError(f"--tokenizer {tokenizer_arg}: no tokenizer.json "
+                raise CalibError(f"--model_name {tokenizer_arg}: no tokenizer.json "
                                  f"({'not found' if not os.path.exists(tokenizer_arg) else path + ' missing'})")
         else:
             path = os.path.join(model_dir, "tokenizer.json")
             if not os.path.isfile(path):
-                raise CalibError(f"no tokenizer.json beside the model in {model_dir}: pass --tokenizer "
-                                 f"FILE_OR_FOLDER (or --calib_data FILE.npz of ready inputs)")
+                raise CalibError(f"no tokenizer.json beside the model in {model_dir}: pass --model_name FOLDER "
+                                 f"(capture.py: --tokenizer) holding tokenizer.json, or --calib_data FILE.npz of "
+                                 f"ready inputs")
         try:
             from tokenizers import Tokenizer
         except ImportError:

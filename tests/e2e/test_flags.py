@@ -87,3 +87,37 @@ def test_inert_flag_says_so_in_one_line(nibble, tiny, tiny_pos, tmp_path, case):
     plain = [a for a in args if a not in flag.split()]
     r = nibble.quantize(model, str(tmp_path / "p" / "model.onnx"), *plain, *BLOCK, *calib)
     assert not [ln for ln in r.stderr.splitlines() if "no effect" in ln], r.describe()
+
+
+def test_model_name_hub_name_resolves_through_the_local_cache(nibble, tiny, tmp_path, monkeypatch):
+    """ModelOpt's --model_name takes a hub name: nibble finds its snapshot in the Hugging Face cache
+    (refs/main), and without one says in one line where it looked and how to point at a folder."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for f in ("model.onnx", "model.onnx.data", "genai_config.json"):     # no tokenizer beside the model
+        shutil.copy(os.path.join(os.path.dirname(tiny), f), folder)
+    model = str(folder / "model.onnx")
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--Tiny-1B" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(os.path.dirname(tiny), f), snap)
+    (cache / "models--acme--Tiny-1B" / "refs").mkdir()
+    (cache / "models--acme--Tiny-1B" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    data = tmp_path / "d.txt"
+    data.write_text(" ".join(f"w{i % 50}" for i in range(400)) + "\n")
+    args = ["--algo", "awq_lite", *BLOCK, "--calib_size", "4", "--calib_seq_len", "16", "--dataset", str(data)]
+    hub = str(tmp_path / "hub_out" / "model.onnx")
+    r = nibble.quantize(model, hub, *args, "--model_name", "acme/Tiny-1B")
+    assert "Hugging Face cache" in r.stderr, r.describe()
+    direct = str(tmp_path / "dir_out" / "model.onnx")
+    nibble.quantize(model, direct, *args, "--model_name", str(snap))
+    assert read_all(hub) == read_all(direct)
+
+    r = nibble.quantize(model, str(tmp_path / "x" / "model.onnx"), *args, "--model_name", "meta-llama/Meta-Llama-3-8B",
+                        check=False)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode != 0 and last.startswith("nibble: error: "), r.describe()
+    assert "--model_name meta-llama/Meta-Llama-3-8B" in last and "models--meta-llama--Meta-Llama-3-8B" in last
+    assert "--model_name FOLDER" in last and "--tokenizer" not in last, last

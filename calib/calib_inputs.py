@@ -1,10 +1,11 @@
 """Calibration inputs for calib/capture.py: texts, tokenization, and the model's feeds per batch.
 
 Two sources:
-  * text (``--dataset cnn|pilevel|FILE.txt|FILE.jsonl|FILE.parquet``): the first calib_size texts,
+  * text (``--dataset cnn|pilevel|FILE.jsonl|FILE.parquet``): the first calib_size texts,
     tokenized ModelOpt-style (all texts in one call, truncated to seq_len, padded to the longest with
     the pad token = the tokenizer's eos token), then fed to an ORT-GenAI-style decoder: input_ids,
-    attention_mask, position_ids (only when the model has that input), empty past KV.
+    attention_mask, position_ids (only when the model has that input), empty past KV.  A FILE.txt is
+    one token stream cut into calib_size windows of seq_len tokens (no padding).
   * ``--calib_data FILE.npz``: ready model inputs, one array per input, axis 0 = samples.  Inputs the
     file lacks are synthesised when they can be (past KV, attention_mask, position_ids).
 
@@ -145,6 +146,10 @@ class FeedBuilder:
                              f"that must be fed")
         if opts.add_position_ids and "position_ids" not in self.specs:
             warn(f"--add_position_ids: the model has no position_ids input, none is fed")
+        if opts.add_position_ids and "position_ids" in self.specs:
+            warn("--add_position_ids: no effect: position_ids is fed whenever the model has that input")
+        if opts.no_position_ids and "position_ids" not in self.specs:
+            warn("--no_position_ids: no effect: the model has no position_ids input")
         self._past_len = 0
         if opts.use_buffer_share and self.past:
             self._past_len = self._max_context()
@@ -227,6 +232,8 @@ class FeedBuilder:
                 out[name] = self.position_ids(np.asarray(mask)[:, -seq_shape[1]:], self.int_dtype(name))
             elif PAST_RE.match(name) and batch is not None:
                 out[name] = self.past_array(s, batch)
+            elif name == "token_type_ids" and seq_shape is not None:
+                out[name] = np.zeros(seq_shape, dtype=self.int_dtype(name))   # one segment (BERT-style)
             else:
                 raise CalibError(f"{self.where}: no value for the model's input '{name}' ({s.describe()}), "
                                  f"and it cannot be synthesised")
@@ -279,7 +286,8 @@ def hf_texts(name: str, n: int) -> list[str] | None:
 
 
 def file_texts(path: str, n: int) -> list[str]:
-    """The first n non-empty texts of a .txt (blank-line separated), .jsonl ("text") or .parquet ("text")."""
+    """The first n non-empty texts of a .txt (blank-line separated), .jsonl ("text") or .parquet ("text").
+    (Calibration reads a .txt as one token stream, txt_windows.)"""
     low = path.lower()
     if not os.path.exists(path):
         raise CalibError(f"dataset file {path} not found (--dataset takes cnn, pilevel or a "
@@ -347,6 +355,35 @@ def file_texts(path: str, n: int) -> list[str]:
     return texts[:n]
 
 
+def txt_windows(tt: "TextTokenizer", path: str, n: int, seq_len: int) -> np.ndarray:
+    """A .txt file as ONE token stream cut into n consecutive windows of seq_len tokens: short lines
+    and paragraphs are packed together, as llama.cpp's imatrix reads its text file.  Only as much of
+    the file is read and tokenized as the windows need."""
+    if not os.path.isfile(path):
+        raise CalibError(f"dataset file {path} not found (--dataset takes cnn, pilevel or a "
+                         f".txt/.jsonl/.parquet file)")
+    need = n * seq_len
+    text, chunk, eof = "", max(4096, need * 8), False
+    try:
+        with open(path, encoding="utf-8") as f:
+            while True:
+                part = f.read(chunk)
+                eof = len(part) < chunk
+                text += part
+                ids = tt.stream(text)
+                if len(ids) > need or eof:   # past the end of the needed tokens: none is cut short
+                    break
+                chunk *= 2
+    except UnicodeDecodeError as e:
+        raise CalibError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise CalibError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(ids) < need:
+        raise CalibError(f"{path}: too few tokens: {len(ids)}, and --calib_size {n} windows of --seq_len "
+                         f"{seq_len} need {need} (a longer text, or a smaller --calib_size or --seq_len)")
+    return np.asarray(ids[:need], dtype=np.int64).reshape(n, seq_len)
+
+
 def dataset_texts(dataset: str, n: int, seq_len: int) -> tuple[list[str], str]:
     """(first n texts, description of the source)."""
     if dataset in HF_DATASETS:
@@ -375,20 +412,62 @@ def _token_str(v):
     return v if isinstance(v, str) else None
 
 
+HUB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def hub_cache_dir() -> str:
+    """Where huggingface_hub keeps downloaded repositories ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/...)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(home, "hub")
+
+
+def hub_snapshot(name: str) -> tuple[str | None, str]:
+    """(folder of the cached snapshot of hub repository `name` holding tokenizer.json, or None; where
+    it was looked for).  The snapshot refs/main names wins, else any snapshot that has the file."""
+    repo = os.path.join(hub_cache_dir(), "models--" + name.replace("/", "--"))
+    snaps = os.path.join(repo, "snapshots")
+    order = []
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            order.append(f.read().strip())
+    except OSError:
+        pass
+    if os.path.isdir(snaps):
+        order += sorted(os.listdir(snaps))
+    for rev in order:
+        d = os.path.join(snaps, rev)
+        if rev and os.path.isfile(os.path.join(d, "tokenizer.json")):
+            return d, repo
+    return None, repo
+
+
 class TextTokenizer:
     def __init__(self, tokenizer_arg: str | None, model_dir: str):
+        if tokenizer_arg and not os.path.exists(tokenizer_arg) and HUB_NAME_RE.match(tokenizer_arg):
+            # a Hugging Face hub name (ModelOpt's --model_name): its copy in the local cache, if any
+            snap, looked = hub_snapshot(tokenizer_arg)
+            if snap is None:
+                raise CalibError(f"--model_name {tokenizer_arg}: not a folder here, and no tokenizer.json for it "
+                                 f"in the Hugging Face cache ({looked}); nibble downloads nothing: pass "
+                                 f"--model_name FOLDER holding tokenizer.json")
+            note(f"--model_name {tokenizer_arg}: tokenizer from the Hugging Face cache, {snap}")
+            tokenizer_arg = snap
         if tokenizer_arg:
             path = tokenizer_arg
             if os.path.isdir(path):
                 path = os.path.join(path, "tokenizer.json")
             if not os.path.isfile(path):
-                raise CalibError(f"--tokenizer {tokenizer_arg}: no tokenizer.json "
+                raise CalibError(f"--model_name {tokenizer_arg}: no tokenizer.json "
                                  f"({'not found' if not os.path.exists(tokenizer_arg) else path + ' missing'})")
         else:
             path = os.path.join(model_dir, "tokenizer.json")
             if not os.path.isfile(path):
-                raise CalibError(f"no tokenizer.json beside the model in {model_dir}: pass --tokenizer "
-                                 f"FILE_OR_FOLDER (or --calib_data FILE.npz of ready inputs)")
+                raise CalibError(f"no tokenizer.json beside the model in {model_dir}: pass --model_name FOLDER "
+                                 f"(capture.py: --tokenizer) holding tokenizer.json, or --calib_data FILE.npz of "
+                                 f"ready inputs")
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -409,10 +488,11 @@ class TextTokenizer:
         self.model_dir = model_dir
 
     def pad_id(self) -> int:
-        """ModelOpt: pad_token = eos_token of the tokenizer; else genai_config's eos/pad token id."""
-        eos = _token_str(self.cfg.get("eos_token"))
-        if eos is not None:
-            tid = self.tok.token_to_id(eos)
+        """ModelOpt: pad_token = eos_token of the tokenizer; else the tokenizer's own pad token (an
+        encoder's [PAD]); else genai_config's eos/pad token id."""
+        for key in ("eos_token", "pad_token"):
+            tok = _token_str(self.cfg.get(key))
+            tid = self.tok.token_to_id(tok) if tok is not None else None
             if tid is not None:
                 return int(tid)
         gcfg = genai_config(self.model_dir)
@@ -422,12 +502,18 @@ class TextTokenizer:
                 v = v[0]
             if isinstance(v, int):
                 return v
-        raise CalibError(f"{self.path}: cannot tell the pad (= eos) token: no eos_token in "
-                         f"tokenizer_config.json / special_tokens_map.json, no eos_token_id in genai_config.json")
+        raise CalibError(f"{self.path}: texts shorter than --seq_len need padding, and the pad token is unknown: "
+                         f"no eos_token or pad_token in tokenizer_config.json / special_tokens_map.json, no "
+                         f"eos_token_id in genai_config.json (longer texts, or a .txt file, need no padding)")
+
+    def stream(self, text: str) -> list[int]:
+        """The token ids of a whole text, untruncated, unpadded."""
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        return self.tok.encode(text).ids
 
     def encode(self, texts: list[str], seq_len: int, src: str) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, attention_mask) int64 [n, seq_len]: truncation to seq_len, padding to the longest."""
-        pad = self.pad_id()
         tok = self.tok
         tok.no_padding()
         tok.enable_truncation(max_length=seq_len)
@@ -440,6 +526,7 @@ class TextTokenizer:
         if longest < seq_len:
             raise CalibError(f"{src}: too few tokens: the longest of the {len(texts)} calibration texts has "
                              f"{longest} tokens, --seq_len is {seq_len} (use longer texts or a smaller --seq_len)")
+        pad = self.pad_id() if min(lens) < seq_len else 0    # full-length texts need no pad token
         ids = np.full((len(texts), seq_len), pad, dtype=np.int64)
         mask = np.zeros((len(texts), seq_len), dtype=np.int64)
         for i, e in enumerate(encs):
@@ -508,9 +595,47 @@ def text_batches(model_path: str, specs: list[InputSpec], opts: FeedOptions, dat
     fb = FeedBuilder(model_path, specs, opts, f"{model_path}")
     model_dir = os.path.dirname(os.path.abspath(model_path))
     tt = TextTokenizer(tokenizer, model_dir)     # before the texts: a missing tokenizer is the cheaper error
+    if dataset.lower().endswith(".txt"):
+        ids = txt_windows(tt, dataset, calib_size, seq_len)
+        return TextBatches(ids, np.ones_like(ids), batch_size, fb, f"{dataset} (windows of {seq_len} tokens)")
     texts, src = dataset_texts(dataset, calib_size, seq_len)
     ids, mask = tt.encode(texts, seq_len, src)
     return TextBatches(ids, mask, batch_size, fb, src)
+
+
+def vocab_size(model, model_path: str) -> int:
+    """Rows of the embedding table that input_ids index (a Gather of an initializer), else the fixed
+    last dimension of a 'logits' output."""
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Gather" and len(n.input) >= 2 and n.input[1] == "input_ids" and n.input[0] in dims:
+            return int(dims[n.input[0]][0])
+    for o in model.graph.output:
+        if o.name == "logits" and o.type.tensor_type.HasField("shape") and o.type.tensor_type.shape.dim:
+            d = o.type.tensor_type.shape.dim[-1]
+            if d.HasField("dim_value") and d.dim_value > 0:
+                return int(d.dim_value)
+    raise CalibError(f"{model_path}: --use_random_calib cannot tell the vocabulary size (no Gather of "
+                     f"input_ids from an initializer, no 'logits' output of fixed width)")
+
+
+RANDOM_SEED = 0
+
+
+def random_batches(model, model_path: str, specs: list[InputSpec], opts: FeedOptions, calib_size: int,
+                   seq_len: int, batch_size: int) -> TextBatches:
+    """ModelOpt's --use_random_calib: random token ids instead of a dataset (no tokenizer needed),
+    drawn from a fixed seed so that two runs calibrate alike; calib_size windows of seq_len tokens
+    (ModelOpt draws one sample), ids within the model's vocabulary, no padding."""
+    if "input_ids" not in {s.name for s in specs}:
+        raise CalibError(f"{model_path}: --use_random_calib draws token ids, but the model has no input_ids "
+                         f"input (pass --calib_data FILE.npz)")
+    V = vocab_size(model, model_path)
+    rng = np.random.default_rng(RANDOM_SEED)
+    ids = rng.integers(0, V, (calib_size, seq_len), dtype=np.int64)
+    fb = FeedBuilder(model_path, specs, opts, model_path)
+    return TextBatches(ids, np.ones_like(ids), batch_size, fb,
+                       f"random token ids (seed {RANDOM_SEED}, vocabulary {V})")
 
 
 class NpzBatches(Batches):

@@ -1,9 +1,11 @@
 #include "calib/calibration.h"
 
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include "kernels/quant_types.h"
 #include "loaders/external_data.h"
 #include "loaders/error.h"
+#include "loaders/onnx_model.h"
 
 extern char** environ;
 namespace fs = std::filesystem;
@@ -32,6 +35,77 @@ std::string shell_join(const std::vector<std::string>& argv) {
   std::string s;
   for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
   return s;
+}
+
+// Size and a 64-bit FNV-1a hash of the content: whole files up to 64 MiB; for larger ones 64 windows
+// of 64 KiB spread over the file, plus its modification time. A file rewritten in place or replaced
+// under the same name then no longer matches statistics measured on the old one.
+nlohmann::json file_fingerprint(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) return "missing";
+  constexpr uint64_t kWhole = 64ull << 20, kWin = 64 << 10, kWins = 64;
+  std::ifstream f(path, std::ios::binary);
+  uint64_t h = 1469598103934665603ull;
+  std::vector<char> buf(kWin);
+  auto hash_at = [&](uint64_t off, uint64_t len) {
+    f.clear();
+    f.seekg(std::streamoff(off));
+    while (len > 0) {
+      f.read(buf.data(), std::streamsize(std::min<uint64_t>(len, kWin)));
+      const auto got = uint64_t(f.gcount());
+      if (got == 0) break;
+      for (uint64_t i = 0; i < got; ++i) h = (h ^ uint8_t(buf[i])) * 1099511628211ull;
+      len -= got;
+    }
+  };
+  nlohmann::json j = {{"size", size}};
+  if (size <= kWhole) {
+    hash_at(0, size);
+  } else {
+    for (uint64_t w = 0; w < kWins; ++w) hash_at((size - kWin) / (kWins - 1) * w, kWin);
+    j["mtime"] = int64_t(fs::last_write_time(path, ec).time_since_epoch().count());
+  }
+  j["fnv1a"] = h;
+  return j;
+}
+
+// Every file whose content the statistics depend on: the model and its external data, the
+// calibration file, and the tokenizer's and GenAI configuration files.
+nlohmann::json input_fingerprints(const CalibrationOptions& o, const std::string& model_path) {
+  std::vector<std::string> files = OnnxModel::load(model_path)->input_files();
+  if (!o.calib_data.empty()) files.push_back(o.calib_data);
+  std::error_code ec;
+  if (o.calib_data.empty() && !o.use_random_calib && fs::is_regular_file(o.dataset, ec)) files.push_back(o.dataset);
+  const fs::path model_dir = fs::path(model_path).parent_path();
+  fs::path tok = o.model_name.empty() ? model_dir : fs::path(o.model_name);
+  if (fs::is_regular_file(tok, ec)) tok = tok.parent_path();
+  for (const auto* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (fs::exists(tok / f, ec)) files.push_back((tok / f).string());
+  for (const auto* f : {"genai_config.json", "config.json"})
+    if (fs::exists(model_dir / f, ec)) files.push_back((model_dir / f).string());
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& f : files) out[fs::weakly_canonical(f, ec).string()] = file_fingerprint(f);
+  return out;
+}
+
+// What differs between a cache's settings and this run's, for the log.
+std::string settings_diff(const nlohmann::json& old, const nlohmann::json& now) {
+  std::string d;
+  auto add = [&](const std::string& s) { d += (d.empty() ? "" : ", ") + s; };
+  for (const auto& [k, v] : now.items()) {
+    if (!old.is_object() || !old.contains(k)) {
+      add(k);
+    } else if (k == "files" && old[k].is_object()) {
+      for (const auto& [f, fp] : v.items())
+        if (!old[k].contains(f) || old[k][f] != fp) add(f);
+      for (const auto& [f, fp] : old[k].items())
+        if (!v.contains(f)) add(f);
+    } else if (old[k] != v) {
+      add(k);
+    }
+  }
+  return d.empty() ? "an unreadable settings.json" : d;
 }
 
 }  // namespace
@@ -104,6 +178,86 @@ void run_child(const std::vector<std::string>& argv, const std::string& error_pr
               (last_line.empty() ? "" : ": " + last_line) + "): " + shell_join(argv));
 }
 
+namespace {
+
+// What a cache is keyed on: these activations, measured the same way from the same inputs.
+nlohmann::json cache_settings(const CalibrationOptions& o, const std::string& model_path, const nlohmann::json& req,
+                              bool mask_padding, const CalibrationExtras& extras, bool cached) {
+  std::error_code ec;
+  nlohmann::json settings = {{"model", fs::weakly_canonical(model_path, ec).string()},
+                             {"dataset", o.dataset},
+                             {"calib_data", o.calib_data},
+                             {"random_calib", o.use_random_calib},
+                             {"calib_size", o.calib_size},
+                             {"seq_len", o.calib_seq_len},
+                             {"batch_size", o.batch_size},
+                             {"mask_padding", mask_padding},
+                             {"position_ids", o.add_position_ids ? "add" : o.no_position_ids ? "no" : "auto"},
+                             {"model_name", o.model_name},
+                             {"use_fp32", o.use_fp32},
+                             {"use_buffer_share", o.use_buffer_share},
+                             {"no_past_kv_inputs", o.no_past_kv_inputs},
+                             {"activations", req}};
+  if (cached) settings["files"] = input_fingerprints(o, model_path);
+  if (extras.sample_tokens > 0) settings["sample_tokens"] = extras.sample_tokens;
+  if (extras.gram_block > 0) settings["gram_block"] = extras.gram_block;
+  return settings;
+}
+
+// Whether the cache folder holds statistics measured with exactly these settings (said in the log).
+bool cache_matches(const fs::path& dir, const nlohmann::json& settings) {
+  if (!fs::exists(dir / "index.json") || !fs::exists(dir / "settings.json")) {
+    spdlog::info("--calib_cache {}: empty, calibrating", dir.string());
+    return false;
+  }
+  nlohmann::json old;
+  try {
+    std::ifstream f(dir / "settings.json");
+    old = nlohmann::json::parse(f);
+  } catch (...) {
+  }
+  if (old == settings) {
+    spdlog::info("--calib_cache {}: reusing its statistics (same model, data and settings)", dir.string());
+    return true;
+  }
+  spdlog::info("--calib_cache {}: not reused, calibrating again (different: {})", dir.string(),
+               settings_diff(old, settings));
+  return false;
+}
+
+// calib/capture.py's command line for these options.
+std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::string& model_path, const fs::path& dir,
+                                      bool mask_padding, const CalibrationExtras& extras) {
+  std::vector<std::string> argv = {python_executable(), capture_script(), "capture",
+                                   "--model", model_path, "--out", dir.string(),
+                                   "--activations", (dir / "activations.json").string(),
+                                   "--calib_size", std::to_string(o.calib_size),
+                                   "--seq_len", std::to_string(o.calib_seq_len),
+                                   "--batch_size", std::to_string(o.batch_size),
+                                   "--eps", o.calibration_eps,
+                                   "--mask_padding", mask_padding ? "1" : "0"};
+  auto add = [&](const char* flag, const std::string& v) {
+    argv.push_back(flag);
+    argv.push_back(v);
+  };
+  if (!o.calib_data.empty()) add("--calib_data", o.calib_data);
+  else add("--dataset", o.dataset);
+  if (!o.model_name.empty()) add("--tokenizer", o.model_name);
+  for (const auto& [on, flag] : {std::pair{o.use_random_calib, "--random_calib"},
+                                 {o.add_position_ids, "--add_position_ids"},
+                                 {o.no_position_ids, "--no_position_ids"},
+                                 {o.no_past_kv_inputs, "--no_past_kv_inputs"},
+                                 {o.use_buffer_share, "--use_buffer_share"},
+                                 {o.use_fp32, "--use_fp32"}})
+    if (on) argv.push_back(flag);
+  if (o.threads > 0) add("--threads", std::to_string(o.threads));
+  if (extras.sample_tokens > 0) add("--sample_tokens", std::to_string(extras.sample_tokens));
+  if (extras.gram_block > 0) add("--gram_block", std::to_string(extras.gram_block));
+  return argv;
+}
+
+}  // namespace
+
 std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const std::string& model_path,
                                               const std::vector<Request>& acts, bool mask_padding,
                                               const Extras& extras) {
@@ -122,79 +276,30 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
   const fs::path dir(c->dir_);
   nlohmann::json req = nlohmann::json::array();
   for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
-
-  // A cache is reused when it holds these activations, measured the same way.
-  nlohmann::json settings = {{"model", fs::weakly_canonical(model_path, ec).string()},
-                             {"dataset", o.dataset},
-                             {"calib_data", o.calib_data},
-                             {"calib_size", o.calib_size},
-                             {"seq_len", o.calib_seq_len},
-                             {"batch_size", o.batch_size},
-                             {"mask_padding", mask_padding},
-                             {"position_ids", o.add_position_ids ? "add" : o.no_position_ids ? "no" : "auto"},
-                             {"activations", req}};
-  if (extras.sample_tokens > 0) settings["sample_tokens"] = extras.sample_tokens;
-  if (extras.gram_block > 0) settings["gram_block"] = extras.gram_block;
-  bool reuse = false;
-  if (!c->owned_dir_ && fs::exists(dir / "index.json") && fs::exists(dir / "settings.json")) {
-    try {
-      std::ifstream f(dir / "settings.json");
-      reuse = nlohmann::json::parse(f) == settings;
-    } catch (...) {
-    }
-  }
-  if (!reuse) {
+  const nlohmann::json settings = cache_settings(o, model_path, req, mask_padding, extras, !c->owned_dir_);
+  if (c->owned_dir_ || !cache_matches(dir, settings)) {
     fs::remove(dir / "index.json", ec);
     {
       std::ofstream f(dir / "activations.json");
       f << req.dump();
     }
-    std::vector<std::string> argv = {python_executable(), capture_script(), "capture",
-                                     "--model", model_path, "--out", c->dir_,
-                                     "--activations", (dir / "activations.json").string(),
-                                     "--calib_size", std::to_string(o.calib_size),
-                                     "--seq_len", std::to_string(o.calib_seq_len),
-                                     "--batch_size", std::to_string(o.batch_size),
-                                     "--eps", o.calibration_eps,
-                                     "--mask_padding", mask_padding ? "1" : "0"};
-    if (!o.calib_data.empty()) {
-      argv.push_back("--calib_data");
-      argv.push_back(o.calib_data);
-    } else {
-      argv.push_back("--dataset");
-      argv.push_back(o.dataset);
-    }
-    if (!o.model_name.empty()) {
-      argv.push_back("--tokenizer");
-      argv.push_back(o.model_name);
-    }
-    if (o.add_position_ids) argv.push_back("--add_position_ids");
-    if (o.no_position_ids) argv.push_back("--no_position_ids");
-    if (o.no_past_kv_inputs) argv.push_back("--no_past_kv_inputs");
-    if (o.use_buffer_share) argv.push_back("--use_buffer_share");
-    if (o.use_fp32) argv.push_back("--use_fp32");
-    if (o.threads > 0) {
-      argv.push_back("--threads");
-      argv.push_back(std::to_string(o.threads));
-    }
-    for (const auto& [flag, v] : {std::pair{"--sample_tokens", extras.sample_tokens}, {"--gram_block", extras.gram_block}})
-      if (v > 0) {
-        argv.push_back(flag);
-        argv.push_back(std::to_string(v));
-      }
-    run_child(argv, "calibration: ", o.quiet);
+    run_child(capture_argv(o, model_path, dir, mask_padding, extras), "calibration: ", o.quiet);
     std::ofstream f(dir / "settings.json");
     f << settings.dump();
   }
+  c->read_index(acts);
+  return c;
+}
 
+void Calibration::read_index(const std::vector<Request>& acts) {
   nlohmann::json index;
   try {
-    std::ifstream f(dir / "index.json");
+    std::ifstream f(fs::path(dir_) / "index.json");
     index = nlohmann::json::parse(f);
   } catch (const std::exception& e) {
-    throw Error("calibration wrote no readable index.json in " + c->dir_ + ": " + e.what());
+    throw Error("calibration wrote no readable index.json in " + dir_ + ": " + e.what());
   }
-  c->tokens_ = index.value("tokens_total", int64_t(0));
+  tokens_ = index.value("tokens_total", int64_t(0));
   for (const auto& a : index.at("activations")) {
     Entry e;
     e.K = a.at("K").get<int64_t>();
@@ -205,11 +310,10 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
     e.gram_block = a.value("gram_block", int64_t(0));
     e.token_sample = a.value("token_sample", std::string());
     e.token_sample_rows = a.value("token_sample_rows", int64_t(0));
-    c->entries_[a.at("name").get<std::string>()] = std::move(e);
+    entries_[a.at("name").get<std::string>()] = std::move(e);
   }
   for (const auto& a : acts)
-    if (!c->entries_.count(a.name)) throw Error("calibration did not measure activation '" + a.name + "'");
-  return c;
+    if (!entries_.count(a.name)) throw Error("calibration did not measure activation '" + a.name + "'");
 }
 
 Calibration::~Calibration() {
@@ -305,11 +409,13 @@ ActivationStats Calibration::stats(const std::string& activation, bool numpy_mea
 }
 
 std::map<std::string, std::vector<std::vector<float>>> Calibration::numpy_grid(const std::vector<GridItem>& items,
-                                                                                const std::vector<double>& alphas) {
+                                                                                const std::vector<double>& alphas,
+                                                                                bool per_subgraph) {
   const fs::path dir = fs::path(dir_) / "grid";
   std::error_code ec;
   fs::create_directories(dir, ec);
   nlohmann::json req = {{"alphas", alphas}, {"items", nlohmann::json::array()}};
+  if (per_subgraph) req["formula"] = "per_subgraph";
   auto dump = [&](const std::string& name, const std::vector<float>& v) {
     std::ofstream f(dir / name, std::ios::binary);
     f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));

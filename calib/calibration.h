@@ -26,6 +26,7 @@ struct CalibrationOptions {
   bool no_past_kv_inputs = false;
   bool use_buffer_share = false;
   bool use_fp32 = false;
+  bool use_random_calib = false;  // seeded random token ids instead of a dataset
   int threads = 0;
   bool quiet = false;
 };
@@ -81,8 +82,10 @@ class Calibration {
     std::string id;
     std::vector<float> x_mean, w_mean;
   };
+  // per_subgraph: the formula of ModelOpt's per-subgraph search instead of get_scale (calib/capture.py grid).
   std::map<std::string, std::vector<std::vector<float>>> numpy_grid(const std::vector<GridItem>& items,
-                                                                     const std::vector<double>& alphas);
+                                                                     const std::vector<double>& alphas,
+                                                                     bool per_subgraph = false);
 
  private:
   struct Entry {
@@ -97,6 +100,7 @@ class Calibration {
   int64_t tokens_ = 0;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<MappedFile>> maps_;
+  void read_index(const std::vector<Request>& acts);  // what capture.py measured, checked against acts
   const MappedFile& map(const std::string& file);
   const Entry& entry(const std::string& activation, int64_t K) const;  // checked against K
   const MappedFile& gram_map(const Entry& e);                            // checked against its size

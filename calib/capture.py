@@ -40,7 +40,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 import numpy as np  # noqa: E402
 
 from calib_inputs import (CalibError, FeedOptions, NpzBatches, model_inputs, note,  # noqa: E402
-                          text_batches, warn)
+                          random_batches, text_batches, warn)
 
 INDEX_VERSION = 1
 
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch_size", type=int, default=1)
     c.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder (default: beside the model)")
     c.add_argument("--eps", default="cuda,cpu", help="execution providers in order of preference")
+    c.add_argument("--random_calib", action="store_true",
+                   help="random token ids (fixed seed) instead of a dataset: --calib_size x --seq_len")
     c.add_argument("--add_position_ids", action="store_true")
     c.add_argument("--no_position_ids", action="store_true")
     c.add_argument("--no_past_kv_inputs", action="store_true")
@@ -590,7 +592,11 @@ def capture(a) -> int:
     specs = model_inputs(model)
     opts = FeedOptions(a.add_position_ids, a.no_position_ids, a.no_past_kv_inputs, a.use_buffer_share, a.use_fp32)
 
-    if a.calib_data:
+    if a.calib_data and a.random_calib:
+        raise CalibError("--calib_data and --use_random_calib contradict each other (give one)")
+    if a.random_calib:
+        batches = random_batches(model, model_path, specs, opts, a.calib_size, a.seq_len, a.batch_size)
+    elif a.calib_data:
         batches = NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
     else:
         batches = text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,
@@ -676,8 +682,12 @@ def capture(a) -> int:
         del sess
         for i in group:
             acc = accs.pop(i)
-            if acc.nonfinite:
-                warn(f"activation '{acc.name}': non-finite values (inf/nan) in the statistics")
+            # An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.
+            if acc.nonfinite or (acc.gram is not None and not np.isfinite(acc.gram).all()) or \
+                    (a.gram_block > 0 and not np.isfinite(acc.gblocks).all()):
+                raise CalibError(f"{model_path}: activation '{acc.name}' takes non-finite values (inf/nan) on "
+                                 f"the calibration data, so its statistics cannot guide the search (check the "
+                                 f"inputs; an fp16 model may overflow: use rtn_dq, or calibrate an fp32 export)")
             files = {"mean_abs_np": f"a{i}.mean_abs_np.f32", "sum_abs": f"a{i}.sum_abs.f64",
                      "gram": f"a{i}.gram.f64"}
             try:
@@ -738,6 +748,17 @@ def get_scale(x_max, w_max, alpha):
     return scales
 
 
+def get_scale_per_subgraph(x_m, w_m, alpha):
+    """ModelOpt 0.47 run_awq_scale_search_per_subgraph's formula, verbatim: alpha is an np.float64 of
+    np.arange there, so under NumPy 2 the scale is float64 (cast to float32 by the caller)."""
+    alpha = np.float64(alpha)
+    awq_scale = (x_m.__pow__(alpha) / (w_m.__pow__(1 - alpha) + 1e-4)).clip(min=1e-4)
+    awq_scale = awq_scale / np.sqrt(awq_scale.max() * awq_scale.min())
+    awq_scale[np.isinf(awq_scale)] = 1
+    awq_scale[np.isnan(awq_scale)] = 1
+    return awq_scale
+
+
 _ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _GRID_DTYPES = {"float32": (np.float32, "f32"), "float16": (np.float16, "f16")}
 
@@ -769,6 +790,10 @@ def grid(a) -> int:
         os.makedirs(a.out, exist_ok=True)
     except OSError as e:
         raise CalibError(f"--out {a.out}: cannot create the folder ({e.strerror or e})") from None
+    formula = req.get("formula", "per_node")
+    if formula not in ("per_node", "per_subgraph"):
+        raise CalibError(f"--request {req_path}: \"formula\" must be per_node or per_subgraph")
+    scale_fn = get_scale if formula == "per_node" else get_scale_per_subgraph
     np_dt, ext = _GRID_DTYPES[dtype_name]
     file_dt = np.dtype(np_dt).newbyteorder("<")
     for j, it in enumerate(items):
@@ -791,7 +816,7 @@ def grid(a) -> int:
                                  f"{os.path.getsize(p)} bytes, {K} {dtype_name} values expected")
             vec[key] = v.astype(np_dt)    # native byte order, the dtype ModelOpt has
         with np.errstate(all="ignore"):
-            rows = [get_scale(vec["x_mean"], vec["w_mean"], alpha) for alpha in alphas]
+            rows = [scale_fn(vec["x_mean"], vec["w_mean"], alpha).astype(np_dt) for alpha in alphas]
         outp = os.path.join(a.out, f"{it['id']}.grid.{ext}")
         try:
             _write(outp, np.stack(rows), file_dt)

@@ -67,7 +67,8 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_flag("--no_past_kv_inputs", o.calib.no_past_kv_inputs, "Calibration: the model has no past key/value inputs");
   q.add_flag("--use_buffer_share", o.calib.use_buffer_share, "Calibration: past KV sized to the context length");
   q.add_flag("--use_fp32", o.calib.use_fp32, "Calibration: past KV in fp32 (default: the model's own input dtype)");
-  q.add_flag("--use_random_calib", o.use_random_calib, "Calibration: one random sample instead of a dataset");
+  q.add_flag("--use_random_calib", o.calib.use_random_calib, "Calibration: random token ids instead of a dataset (--calib_size x "
+             "--calib_seq_len, fixed seed: two runs give the same model; no tokenizer needed)");
   q.add_flag("--enable_mixed_quant", o.enable_mixed_quant,
              "Mixed precision: some weights INT8 per channel, the rest INT4 (which ones: --mixed_strategy)");
   q.add_option("--layers_8bit", o.layers_8bit,

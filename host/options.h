@@ -34,7 +34,6 @@ struct QuantizeOptions {
   double awqclip_alpha_step = 0.05;
   double awqclip_alpha_min = 0.5;
   int64_t awqclip_bsz_col = 1024;
-  bool use_random_calib = false;
   bool enable_mixed_quant = false;
   std::string layers_8bit;
   std::string gather_quantize_axis;

@@ -58,6 +58,10 @@ class Backend {
   // ---- AWQ statistics, scales and loss (awq_ref.h)
   // ModelOpt's get_weight_scale (strided groups) or nibble's contiguous-block version: K values.
   virtual std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) = 0;
+  // ModelOpt's per-subgraph weight statistic of siblings that share an input: their [K, N_i] side by
+  // side ([K, sum N], row-major) viewed as [block, -1], each element normalised by the max of its
+  // column of that view (+1e-6), averaged over sum N. K * sum N must be a multiple of block.
+  virtual std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) = 0;
   // s(alpha) = x_mean^alpha / w_mean^(1-alpha), clamped and normalised: K values.
   virtual std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                        double alpha) = 0;

@@ -147,7 +147,64 @@ std::map<std::string, AwqChoice> search_modelopt(OnnxModel& model, const Plan& p
     spdlog::info("awq [{}/{}] {} alpha {:.1f} {}", i + 1, total, pw.weight, c.alpha, fmt_losses(c.losses, best));
     out[pw.weight] = std::move(c);
   }
-  if (!o.awqlite_disable_fuse_nodes && !o.awqlite_run_per_subgraph) average_sibling_scales_modelopt(plan, backend, &out);
+  if (!o.awqlite_disable_fuse_nodes) average_sibling_scales_modelopt(plan, backend, &out);
+  return out;
+}
+
+// ModelOpt's awqlite_run_per_subgraph: one search per activation over all the MatMuls reading it (the
+// loss summed over them), on the grid of --awqlite_alpha_step, with its own weight statistic and scale
+// formula; every sibling gets the chosen s, so the shared producer can carry one 1/s.
+std::map<std::string, AwqChoice> per_subgraph_modelopt(OnnxModel& model, const Plan& plan, Calibration& calib,
+                                                       const QuantizeOptions& o, kernels::Backend& backend) {
+  const std::vector<double> alphas = awq_alphas(o.awqlite_alpha_step);
+  std::vector<Calibration::GridItem> items;
+  for (const auto& [act, idx] : plan.siblings) {
+    const int64_t K = plan.weights[idx[0]].K(), bs = plan.weights[idx[0]].resolved_block();
+    int64_t NT = 0;
+    for (size_t i : idx) NT += plan.weights[i].N();
+    if ((K * NT) % bs != 0)
+      throw Error("--awqlite_run_per_subgraph --awq_mode modelopt: the weights reading '" + act + "' have K * N = " +
+                  std::to_string(K * NT) + ", not a multiple of the block " + std::to_string(bs) +
+                  " (ModelOpt fails there too; use --awq_mode nibble)");
+    std::vector<Loaded> ws;
+    std::vector<kernels::WeightMatrix> mats;
+    for (size_t i : idx) {
+      ws.push_back(load(model, plan.weights[i]));
+      mats.push_back(ws.back().w);
+    }
+    const ActivationStats st = calib.stats(act, true);
+    Calibration::GridItem it;
+    it.id = "g" + std::to_string(items.size());
+    it.x_mean.assign(st.x_mean, st.x_mean + st.K);
+    it.w_mean = backend.awq_weight_mean_joint(mats, bs);
+    items.push_back(std::move(it));
+    for (auto& l : ws) model.release(l.view);
+  }
+  const auto grid = calib.numpy_grid(items, alphas, /*per_subgraph=*/true);
+  std::map<std::string, AwqChoice> out;
+  GramCache grams(backend, /*cholesky=*/false);
+  size_t g = 0, done = 0;
+  for (const auto& [act, idx] : plan.siblings) {
+    const auto& scales = grid.at("g" + std::to_string(g++));
+    ActivationStats st;
+    const kernels::GramForm gf = grams.get(calib, act, true, &st);
+    AwqChoice c;
+    c.losses.assign(alphas.size(), 0.0);
+    for (size_t i : idx) {
+      Loaded l = load(model, plan.weights[i]);
+      const std::vector<double> li = backend.awq_losses(l.w, pointers(scales), spec_of(plan.weights[i], o), gf, nullptr);
+      for (size_t a = 0; a < alphas.size(); ++a) c.losses[a] += li[a];
+      model.release(l.view);
+    }
+    const int best = first_min(c.losses);
+    c.alpha = alphas[size_t(best)];
+    c.scale = scales[size_t(best)];
+    for (size_t i : idx) {
+      spdlog::info("awq [{}/{}] {} alpha {:.2f} {} (per subgraph)", ++done, plan.weights.size(),
+                   plan.weights[i].weight, c.alpha, fmt_losses(c.losses, best));
+      out[plan.weights[i].weight] = c;
+    }
+  }
   return out;
 }
 
@@ -197,6 +254,7 @@ AwqChoice search_group(OnnxModel& model, const Plan& plan, const std::vector<siz
 
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                  const QuantizeOptions& o, bool modelopt, kernels::Backend& backend) {
+  if (modelopt && o.awqlite_run_per_subgraph) return per_subgraph_modelopt(model, plan, calib, o, backend);
   if (modelopt) return search_modelopt(model, plan, calib, o, backend);
   std::map<std::string, AwqChoice> out;
   GramCache grams(backend, /*cholesky=*/true);

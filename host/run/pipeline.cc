@@ -10,6 +10,29 @@
 #include "loaders/error.h"
 
 namespace nibble {
+namespace {
+
+// Flags ModelOpt's command line has that change nothing in this configuration: one line each.
+void warn_inert_flags(const QuantizeOptions& o) {
+  const bool lite = o.searches_scales(), clip = o.searches_clip();
+  if (o.gather_block_size != 32)
+    spdlog::warn("--gather_block_size {}: no effect: Gather (embedding) quantization is not implemented, "
+                 "embeddings stay float", o.gather_block_size);
+  if (lite && o.modelopt() && !o.awqlite_run_per_subgraph && o.awqlite_alpha_step != 0.1)
+    spdlog::warn("--awqlite_alpha_step {}: no effect with --awq_mode modelopt: ModelOpt's per-node search uses "
+                 "its fixed grid 0, 0.1, ..., 1 (--awq_mode nibble and --awqlite_run_per_subgraph honour it)",
+                 o.awqlite_alpha_step);
+  if (clip && !o.modelopt() && o.awqclip_bsz_col != 1024)
+    spdlog::warn("--awqclip_bsz_col {}: no effect with --awq_mode nibble: its clip search works on the Gram "
+                 "matrix, with no column chunks", o.awqclip_bsz_col);
+  if (!lite && !clip && !mixed_needs_calibration(o))
+    for (const auto& [on, flag] : {std::pair{o.calib.use_random_calib, "--use_random_calib"},
+                                   {o.calib.add_position_ids, "--add_position_ids"},
+                                   {o.calib.no_position_ids, "--no_position_ids"}})
+      if (on) spdlog::warn("{}: no effect: --algo {} runs no calibration", flag, name_of(o.algo));
+}
+
+}  // namespace
 
 void validate_options(const QuantizeOptions& o) {
   if (!(o.awqclip_alpha_step > 0 && o.awqclip_alpha_step <= 1)) throw Error("--awqclip_alpha_step must be in (0, 1]");
@@ -23,6 +46,12 @@ void validate_options(const QuantizeOptions& o) {
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
+  if (o.awqlite_run_per_subgraph && o.modelopt() && o.algo == Algo::kAwqFull)
+    throw Error("--awqlite_run_per_subgraph with --algo awq_full --awq_mode modelopt: ModelOpt refuses the "
+                "per-subgraph search with the clip search (use --awq_mode nibble)");
+  if (o.awqlite_run_per_subgraph && o.modelopt() && mixed_enabled(o) && o.searches_scales())
+    throw Error("--awqlite_run_per_subgraph --awq_mode modelopt: ModelOpt refuses the per-subgraph search with "
+                "mixed precision (use --awq_mode nibble)");
   if (!o.gather_quantize_axis.empty())
     throw Error("--gather_quantize_axis is not implemented yet (embeddings stay float)");
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
@@ -34,6 +63,7 @@ void validate_options(const QuantizeOptions& o) {
 int run_quantize(const QuantizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   validate_options(o);
+  warn_inert_flags(o);
   kernels::set_num_threads(o.threads);
   std::string why;
   kernels::BackendOptions bopt;

@@ -32,7 +32,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"no_past_kv_inputs", o.calib.no_past_kv_inputs},
           {"use_buffer_share", o.calib.use_buffer_share},
           {"use_fp32", o.calib.use_fp32},
-          {"use_random_calib", o.use_random_calib},
+          {"use_random_calib", o.calib.use_random_calib},
           {"enable_mixed_quant", o.enable_mixed_quant},
           {"layers_8bit", o.layers_8bit},
           {"gather_quantize_axis", o.gather_quantize_axis},

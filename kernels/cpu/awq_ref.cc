@@ -77,6 +77,30 @@ std::vector<float> weight_mean(const std::vector<float>& w, int64_t K, int64_t N
   return out;
 }
 
+std::vector<float> weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) {
+  if (siblings.empty()) return {};
+  const int64_t K = siblings[0].K();
+  int64_t NT = 0;
+  for (const auto& w : siblings) NT += w.N();
+  if ((K * NT) % block != 0) throw std::invalid_argument("weight_mean_joint: K * sum N is not a multiple of the block");
+  std::vector<float> wc(size_t(K * NT));  // the siblings side by side, [K, NT]
+  int64_t n0 = 0;
+  for (const auto& w : siblings) {
+    const std::vector<float> kn = logical_weight(w);
+    for (int64_t k = 0; k < K; ++k) std::copy_n(kn.begin() + k * w.N(), w.N(), wc.begin() + k * NT + n0);
+    n0 += w.N();
+  }
+  const int64_t M = K * NT / block;
+  std::vector<float> amax(static_cast<size_t>(M), 0.0f), row(static_cast<size_t>(NT)), out(static_cast<size_t>(K));
+  for (int64_t f = 0; f < K * NT; ++f) amax[size_t(f % M)] = std::max(amax[size_t(f % M)], std::fabs(wc[size_t(f)]));
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t n = 0; n < NT; ++n)
+      row[size_t(n)] = std::fabs(wc[size_t(k * NT + n)]) / (amax[size_t((k * NT + n) % M)] + 1e-6f);
+    out[size_t(k)] = pairwise(row.data(), NT) / float(NT);
+  }
+  return out;
+}
+
 std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean, double alpha) {
   const float a = float(alpha), b = float(1.0 - alpha);
   const size_t K = x_mean.size();

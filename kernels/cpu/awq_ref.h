@@ -25,6 +25,9 @@ std::vector<float> logical_weight(const WeightMatrix& w);
 // contiguous block; `contiguous` = true uses the contiguous block instead (nibble mode).
 std::vector<float> weight_mean(const std::vector<float>& w_kn, int64_t K, int64_t N, int64_t block, bool contiguous);
 
+// ModelOpt's per-subgraph weight statistic (Backend::awq_weight_mean_joint).
+std::vector<float> weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block);
+
 // ModelOpt's get_scale in fp32 with libm's powf (nibble mode; ModelOpt's own numbers come from
 // numpy's SIMD power, see calib/README.md).
 std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean, double alpha);

@@ -71,7 +71,12 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
       }
     std::vector<BlockParams> best(static_cast<size_t>(nc)), cand(static_cast<size_t>(nc));
     std::vector<double> best_loss(size_t(nc), INFINITY);
-    std::vector<float> best_r(size_t(nc), 1.0f);
+    std::vector<float> best_r(size_t(nc), ratios[0]);
+    // When no loss is below +inf (a NaN or inf in the Gram block), candidate 0 stays: never an
+    // unset scale.
+    for (int64_t c = 0; c < nc; ++c)
+      best[size_t(c)] = zp ? block_params_zero_point(ratios[0] * mn[size_t(c)], ratios[0] * mx[size_t(c)], spec.bits, st)
+                           : block_params_symmetric(ratios[0] * amax[size_t(c)], spec.bits, st);
     for (int64_t ci = 0; ci < C; ++ci) {
       const float r = ratios[size_t(ci % R)];
       for (int64_t c = 0; c < nc; ++c) {

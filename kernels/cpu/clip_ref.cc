@@ -193,7 +193,8 @@ void clip_quantize_gram_ref(const WeightMatrix& w, const QuantSpec& spec, const 
         mn = std::min(mn, v[size_t(i)]);
         mx = std::max(mx, v[size_t(i)]);
       }
-      BlockParams best;
+      // When no loss is below +inf (a NaN or inf in the Gram block), candidate 0 stays.
+      BlockParams best = clip_candidate(ratios, 0, amax, mn, mx, spec.bits, zp, st);
       double best_loss = INFINITY;
       int64_t best_ci = 0;
       for (int64_t ci = 0; ci < C; ++ci) {

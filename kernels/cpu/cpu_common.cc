@@ -21,6 +21,9 @@ std::vector<uint8_t> CpuCommon::divide_columns(const WeightMatrix& w, const floa
 std::vector<float> CpuCommon::awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) {
   return weight_mean(logical_weight(w), w.K(), w.N(), block, contiguous);
 }
+std::vector<float> CpuCommon::awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) {
+  return weight_mean_joint(siblings, block);
+}
 std::vector<float> CpuCommon::awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                         double alpha) {
   return kernels::awq_scale(x_mean, w_mean, alpha);

@@ -13,6 +13,7 @@ class CpuCommon : public Backend {
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
+  std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override;
   std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                double alpha) override;
   std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) override;

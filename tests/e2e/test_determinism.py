@@ -69,3 +69,32 @@ def test_report_is_deterministic_apart_from_timings(nibble, shaped, tmp_path):
         r["options"].pop("report", None)
         reports.append(r)
     assert reports[0] == reports[1]
+
+
+# Calibrated algorithms: the statistics (calib/capture.py), the searches and the sensitivity choice
+# must not depend on --threads nor on the BLAS's own thread count. Calibration: seeded random token
+# ids (--use_random_calib), 4 windows of 64 tokens.
+CALIBRATED = {
+    "awq_lite": ["--algo", "awq_lite"],
+    "awq_lite_modelopt": ["--algo", "awq_lite", "--awq_mode", "modelopt"],
+    "awq_clip": ["--algo", "awq_clip"],
+    "awq_full": ["--algo", "awq_full"],
+    "mixed_sensitivity": ["--algo", "awq_lite", "--mixed_strategy", "sensitivity"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALIBRATED))
+def test_calibrated_byte_identical_across_threads_and_blas_threads(nibble, shaped, tmp_path, monkeypatch, case):
+    src = shaped("fp32")
+    digests = {}
+    for label, threads, blas in (("t1_blas1", "1", "1"), ("t2_blas2", "2", "2"), ("t2_blas_unset", "2", None)):
+        if blas is None:
+            monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OPENBLAS_NUM_THREADS", blas)
+        out = tmp_path / label / "model.onnx"
+        nibble.quantize(src, str(out), *CALIBRATED[case], "--use_random_calib", "--calib_size", "4",
+                        "--calib_seq_len", "64", "--threads", threads, "--quiet")
+        digests[label] = folder_digest(str(out.parent))
+    differ = [k for k, d in digests.items() if d != digests["t1_blas1"]]
+    assert not differ, f"{case}: outputs differ from --threads 1 / OPENBLAS_NUM_THREADS=1: {differ}"

@@ -123,3 +123,44 @@ TEST(Clip, BlockDiagonalGramEqualsFullGram) {
   for (float r : ca) clipped += r != 1.0f;
   EXPECT_GT(clipped, 0);
 }
+
+// A Gram matrix holding NaN or inf (an activation that overflowed): no candidate's loss beats +inf,
+// so every block must keep candidate 0 (the first ratio, positive scale), never an unset scale of 1.
+TEST(Clip, NonFiniteGramKeepsCandidateZero) {
+  const int64_t K = 64, N = 8, B = 32;
+  const auto w = random_weight(K * N, 13);
+  GramClipOptions opt;
+  opt.ratios = {1.0f, 0.9f, 0.8f};
+  opt.both_signs = true;
+  for (double bad : {double(NAN), double(INFINITY)})
+    for (bool zp : {false, true}) {
+      std::vector<double> gram(size_t(K * K), 0.0);
+      for (int64_t k = 0; k < K; ++k) gram[size_t(k * K + k)] = 1.0;
+      for (int64_t k = 0; k < K; k += B) gram[size_t(k * K + k)] = bad;  // one bad entry per block
+      WeightMatrix m{DType::kFloat32, w.data(), K, N, 0};
+      QuantSpec spec{4, B, zp};
+      for (bool reference : {false, true}) {
+      QuantResult q;
+      std::vector<float> chosen;
+      if (reference) clip_quantize_gram_ref(m, spec, gram.data(), 0, nullptr, opt, q, &chosen);
+      else clip_quantize_gram(m, spec, gram.data(), 0, nullptr, opt, q, &chosen);
+      for (int64_t g = 0; g < K / B; ++g)
+        for (int64_t n = 0; n < N; ++n) {
+          float amax = 0, mn = INFINITY, mx = -INFINITY;
+          for (int64_t k = g * B; k < (g + 1) * B; ++k) {
+            const float v = w[size_t(k * N + n)];
+            amax = std::max(amax, std::fabs(v));
+            mn = std::min(mn, v);
+            mx = std::max(mx, v);
+          }
+          const BlockParams p0 =
+              zp ? block_params_zero_point(mn, mx, 4, DType::kFloat32) : block_params_symmetric(amax, 4, DType::kFloat32);
+          ASSERT_EQ(q.scales[size_t(g * N + n)], p0.scale) << bad << zp << " " << g << "," << n;
+          if (zp) {
+            ASSERT_EQ(q.zero_points[size_t(g * N + n)], p0.zero_point);
+          }
+          ASSERT_EQ(chosen[size_t(n * (K / B) + g)], 1.0f) << (reference ? "reference" : "fast");
+        }
+      }
+    }
+}

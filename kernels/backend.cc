@@ -16,7 +16,9 @@
 namespace nibble::kernels {
 namespace {
 
-std::string mib(uint64_t b) { return std::to_string(b >> 20) + " MiB"; }
+std::string mib(uint64_t b) {
+  return b < (uint64_t(1) << 20) ? std::to_string(b >> 10) + " KiB" : std::to_string(b >> 20) + " MiB";
+}
 
 std::unique_ptr<Backend> make_emulated(const BackendOptions& o, std::string* why) {
 #ifdef NIBBLE_WITH_CUDA_EMULATED

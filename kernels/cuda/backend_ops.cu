@@ -16,8 +16,9 @@ enum Mode { kScale = 0, kScaleF32 = 1, kDivide = 2 };
 }  // namespace
 
 std::string CudaBackend::describe() const {
-  return dev_->describe() + ", " + la_->name() + ", device memory budget " + std::to_string(dev_->budget() >> 20) +
-         " MiB";
+  const uint64_t b = dev_->budget();
+  return dev_->describe() + ", " + la_->name() + ", device memory budget " +
+         (b < (uint64_t(1) << 20) ? std::to_string(b >> 10) + " KiB" : std::to_string(b >> 20) + " MiB");
 }
 
 // One element-wise operation over row panels of the stored layout. `v` is indexed by stored row
@@ -87,11 +88,19 @@ std::vector<float> CudaBackend::channel_energy(const double* gram, int64_t K, co
 std::vector<uint8_t> CudaBackend::pack_onnx(const std::vector<uint8_t>& codes, int bits) {
   if (bits == 8) return codes;
   if (bits != 4) throw std::invalid_argument("pack_onnx: bits must be 4 or 8");
-  const int64_t n = int64_t(codes.size()), bytes = (n + 1) / 2;
-  const DeviceBuffer<uint8_t> in = upload(codes.data(), codes.size());
-  DeviceBuffer<uint8_t> out(*dev_, size_t(bytes));
-  launch(bytes, PackOnnxBody{in.get(), n, out.get()});
-  return download(out);
+  const int64_t n = int64_t(codes.size());
+  std::vector<uint8_t> out(size_t((n + 1) / 2));
+  // In chunks of an even number of codes (3 bytes of device memory per code pair) within the budget.
+  const int64_t pairs = panel_width(0, 3, (n + 1) / 2, "pack_onnx");
+  for (int64_t c0 = 0; c0 < n; c0 += 2 * pairs) {
+    const int64_t cn = std::min(2 * pairs, n - c0), bytes = (cn + 1) / 2;
+    const DeviceBuffer<uint8_t> in = upload(codes.data() + c0, size_t(cn));
+    DeviceBuffer<uint8_t> res(*dev_, size_t(bytes));
+    launch(bytes, PackOnnxBody{in.get(), cn, res.get()});
+    dev_->synchronize();
+    dev_->to_host(out.data() + c0 / 2, res.get(), res.bytes());
+  }
+  return out;
 }
 
 std::vector<uint8_t> CudaBackend::pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,

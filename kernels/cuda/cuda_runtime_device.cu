@@ -17,7 +17,7 @@ class RuntimeDevice final : public DeviceLayer {
  public:
   using DeviceLayer::DeviceLayer;
   std::string name() const override { return "cuda"; }
-  std::string describe() const override { return "cuda: " + device_name(); }
+  std::string describe() const override { return "cuda: " + cuda::device_name(); }
   void to_device(void* d, const void* s, size_t n) override { check(cudaMemcpy(d, s, n, cudaMemcpyHostToDevice), "copy to device"); }
   void to_host(void* d, const void* s, size_t n) override { check(cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost), "copy to host"); }
   void to_device_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {

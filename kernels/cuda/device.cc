@@ -5,7 +5,11 @@
 namespace nibble::kernels::gpu {
 namespace {
 
-std::string mib(uint64_t b) { return std::to_string((b + (1u << 19)) >> 20) + " MiB"; }
+// Sizes in the units a budget is given in: MiB, or KiB below one MiB.
+std::string mib(uint64_t b) {
+  if (b < (uint64_t(1) << 20)) return std::to_string((b + 1023) >> 10) + " KiB";
+  return std::to_string((b + (1u << 19)) >> 20) + " MiB";
+}
 
 }  // namespace
 

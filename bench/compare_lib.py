@@ -177,7 +177,7 @@ def all_rows(calib_lite: tuple[int, int], calib_clip: tuple[int, int]) -> list[R
     ] + mixed_rows(calib_lite)
 
 
-# Mixed INT4/INT8 precision (issue 9): ModelOpt's default layer choice (reference §7.1) and nibble's
+# Mixed INT4/INT8 precision: ModelOpt's default layer choice and nibble's
 # sensitivity choice at the same output size (its default budget).  id -> extra flags.
 MIXED_FLAGS = {
     "nibble:rtn_dq_mixed": ["--algo", "rtn_dq", "--enable_mixed_quant"],
@@ -237,7 +237,7 @@ def command(row: Row, model: str, out: str, block_size: int, calib_npz: str | No
         algo = row.id.split(":")[1]
         cmd += ["--algo", algo, "--calib_size", str(row.calib[0])]
         # The same calibration windows as ModelOpt gets.  nibble reads a ready .npz of model inputs with
-        # --calib_data (issue 5); a build without that flag gets no calibration flags, and says itself
+        # --calib_data; a build without that flag gets no calibration flags, and says itself
         # whether it can run the algorithm ("not implemented yet" is shown as such in the table).
         if "--calib_data" in nibble_help() and calib_npz:
             cmd += ["--calib_data", calib_npz]
@@ -379,7 +379,7 @@ def fmt_duration(s: float) -> str:
 
 def eval_ppl(model_path: str, tokenizer_dir: str, windows: int, seq_len: int, log_path: str,
              timeout_s: float = 3600) -> dict:
-    """tools/eval_ppl.py in a fresh process (accuracy level pinned to 1 there, reference §11.4)."""
+    """tools/eval_ppl.py in a fresh process (accuracy level pinned to 1 there)."""
     cmd = [PY, os.path.join(ROOT, "tools", "eval_ppl.py"), model_path, "--windows", str(windows),
            "--seq_len", str(seq_len), "--tokenizer", tokenizer_dir]
     with open(log_path, "w") as lf:

@@ -282,7 +282,7 @@ def main():
     ap.add_argument("--quiet-parity", action="store_true", help="summary only, no per-weight table")
     ap.add_argument("--json", help="write the measurements here")
     ap.add_argument("--mixed", action="store_true",
-                    help="nibble and ModelOpt with --enable_mixed_quant (INT8 layers, reference §7.1)")
+                    help="nibble and ModelOpt with --enable_mixed_quant (INT8 layers)")
     ARGS = args = ap.parse_args()
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     bad = [t for t in args.tools if t not in TOOLS]

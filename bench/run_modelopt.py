@@ -15,7 +15,7 @@ nodes_to_exclude=['/lm_head'])``; every other argument is left at the API defaul
 (awqlite_fuse_nodes=True, alpha steps, awqclip_bsz_col 1024, ...), plus
 ``enable_fast_path_using_high_sysram=True`` for awq_lite/awq_full (same output, one ORT run per sample
 instead of one per MatMul per sample; --no_fast_path turns it off). --enable_mixed_quant / --layers_8bit are
-passed as the kwargs of the same names (INT8 layers, reference §7).
+passed as the kwargs of the same names (INT8 layers).
 
 Saving (GenAI example): opset_import rewritten to ("",21) + ("com.microsoft",1) + other domains when the
 default-domain opset is < 21, then ``onnx.save_model(m, OUT, save_as_external_data=True,
@@ -203,7 +203,7 @@ def main():
                     help="onnx.save_model size_threshold (0 = GenAI example: every tensor external; 1024 keeps "
                          "tiny constants inline, which ORT needs when shape/axes constants are initializers)")
     ap.add_argument("--enable_mixed_quant", action="store_true",
-                    help="enable_mixed_quant=True: ModelOpt's default INT8 layer choice (reference §7.1)")
+                    help="enable_mixed_quant=True: ModelOpt's default INT8 layer choice")
     ap.add_argument("--layers_8bit", default="", help="layers_8bit=... (comma-separated patterns, §7.2)")
     ap.add_argument("--log_level", default="INFO")
     ap.add_argument("--timings_json", help="write {load_s, quantize_s, save_s} here")

@@ -13,6 +13,7 @@
 
 #include "host/run/eval.h"
 #include "host/options.h"
+#include "host/text.h"
 #include "host/run/pipeline.h"
 #include "cli/blas_startup.h"
 #include "loaders/error.h"
@@ -27,7 +28,7 @@ constexpr const char* kAlgoHelp =
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
-  std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy;
+  std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory;
 };
 
 void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
@@ -103,8 +104,13 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_option("--calib_cache", o.calib.calib_cache, "Keep the calibration statistics in this folder and reuse them "
                "when the model, data and settings match");
   q.add_option("--model_name", o.calib.model_name, "Folder with the tokenizer (default: the model's folder)");
-  q.add_option("--device", c.device, "auto, cuda or cpu (auto: CUDA when a device is present)")
+  q.add_option("--device", c.device,
+               "auto, cuda, cpu or cuda_emulated (auto: CUDA when a device is present; cuda_emulated: the CUDA "
+               "backend's code with the host as the device, for testing)")
       ->capture_default_str();
+  q.add_option("--device_memory", c.device_memory,
+               "Device memory the CUDA backend may hold, e.g. 8GiB (default: the free memory less a margin; "
+               "cuda_emulated: 1GiB); larger weights and Gram matrices go through in panels");
   q.add_option("--format", c.format,
                "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for rtn_dq and AWQ), "
                "qdq (QuantizeLinear->DequantizeLinear on the float weight; default for rtn), matmulnbits "
@@ -224,6 +230,12 @@ int main(int argc, char** argv) {
   nibble::EvalOptions eval_opts;
   CLI::App* eval = add_eval_command(app, eval_opts);
 
+  std::string selftest_device = "auto", selftest_memory;
+  CLI::App* selftest = app.add_subcommand(
+      "selftest", "Run every backend operation on generated data against the CPU reference; PASS/FAIL per operation");
+  selftest->add_option("--device", selftest_device, "auto, cuda, cpu or cuda_emulated")->capture_default_str();
+  selftest->add_option("--device_memory", selftest_memory, "As for quantize");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -253,6 +265,7 @@ int main(int argc, char** argv) {
       opts.awq_mode = nibble::parse_awq_mode(choices.awq_mode);
       if (!choices.format.empty()) opts.format = nibble::parse_format(choices.format);
       opts.device = nibble::parse_device(choices.device);
+      if (!choices.device_memory.empty()) opts.device_memory = nibble::parse_size(choices.device_memory, "--device_memory");
       if (!choices.mixed_strategy.empty()) opts.mixed_strategy_flag = nibble::parse_mixed_strategy(choices.mixed_strategy);
       opts.calib.threads = opts.threads;
       opts.calib.quiet = opts.quiet;
@@ -261,6 +274,9 @@ int main(int argc, char** argv) {
       return nibble::run_quantize(opts);
     }
     if (*eval) return nibble::run_eval(eval_opts);
+    if (*selftest)
+      return nibble::run_selftest(nibble::parse_device(selftest_device),
+                                  selftest_memory.empty() ? 0 : nibble::parse_size(selftest_memory, "--device_memory"));
     drop_empty(inspect_exclude);
     return nibble::run_inspect(inspect_path, inspect_exclude, inspect_block);
   } catch (const nibble::Error& e) {

@@ -31,7 +31,10 @@ constexpr std::pair<const char*, AwqMode> kModes[] = {{"nibble", AwqMode::kNibbl
 constexpr std::pair<const char*, Format> kFormats[] = {
     {"dq", Format::kDq}, {"qdq", Format::kQdq}, {"matmulnbits", Format::kMatMulNBits}};
 constexpr std::pair<const char*, kernels::Device> kDevices[] = {
-    {"auto", kernels::Device::kAuto}, {"cuda", kernels::Device::kCuda}, {"cpu", kernels::Device::kCpu}};
+    {"auto", kernels::Device::kAuto},
+    {"cuda", kernels::Device::kCuda},
+    {"cpu", kernels::Device::kCpu},
+    {"cuda_emulated", kernels::Device::kCudaEmulated}};
 constexpr std::pair<const char*, MixedStrategy> kStrategies[] = {
     {"modelopt", MixedStrategy::kModelopt}, {"sensitivity", MixedStrategy::kSensitivity}};
 constexpr std::pair<const char*, MixedStrategy> kStrategyNames[] = {

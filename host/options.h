@@ -47,6 +47,7 @@ struct QuantizeOptions {
   std::string mixed_budget;  // sensitivity: share of the weights at 8 bits (0..1) or an output size (300MB)
   AwqMode awq_mode = AwqMode::kNibble;
   kernels::Device device = kernels::Device::kAuto;
+  uint64_t device_memory = 0;    // --device_memory in bytes; 0: free device memory less a margin (emulated: 1 GiB)
   std::optional<Format> format;  // absent: dq for rtn_dq and the AWQ algorithms, qdq for rtn
   int threads = 0;               // 0: all cores
   bool force = false;

@@ -30,12 +30,20 @@ struct GramClipOptions {
   bool both_signs = true;  // symmetric: also try the negated scale (the extreme on code -2^(b-1))
 };
 
+// Device memory a backend may hold (its budget) and the most it held at once; zero for the CPU.
+struct DeviceMemoryUse {
+  uint64_t budget = 0;
+  uint64_t peak = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
-  // "cpu" or "cuda" (the report's name for who ran a stage); describe(): one line for the log.
+  // "cpu", "cuda" or "cuda_emulated" (the report's name for who ran a stage); describe(): one line
+  // for the log.
   virtual std::string name() const = 0;
   virtual std::string describe() const = 0;
+  virtual DeviceMemoryUse device_memory() const { return {}; }
 
   // ---- Round to nearest (rtn_ref.h)
   // Plain RTN of one weight, ModelOpt's formulas.
@@ -101,11 +109,14 @@ class Backend {
                                                             const QuantResult& q) = 0;
 };
 
-enum class Device { kAuto, kCpu, kCuda };
+// kCudaEmulated: the CUDA backend's own code with the host as the device (tests, CI, `selftest`);
+// only ever chosen explicitly.
+enum class Device { kAuto, kCpu, kCuda, kCudaEmulated };
 
 struct BackendOptions {
   Device device = Device::kAuto;
-  // CUDA: device memory the backend may hold at once (0: the device's free memory less a margin).
+  // CUDA: device memory the backend may hold at once (0: the device's free memory less a margin;
+  // emulated: 1 GiB).
   uint64_t device_memory = 0;
 };
 
@@ -114,7 +125,8 @@ struct BackendOptions {
 // device cannot be used.
 std::unique_ptr<Backend> make_backend(const BackendOptions& options, std::string* why);
 
-// Whether this build has the CUDA backend compiled in.
+// Whether this build has the CUDA backend compiled in (for a GPU; and emulated).
 bool cuda_compiled();
+bool cuda_emulated_compiled();
 
 }  // namespace nibble::kernels

@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--cache", required=True)
     ap.add_argument("--json")
     ap.add_argument("--only", default="", help="comma-separated run names")
+    ap.add_argument("--extra", default="", help="more flags for every run, e.g. '--device cuda_emulated'")
     a = ap.parse_args()
     runs = {k: v for k, v in RUNS.items() if not a.only or k in a.only.split(",")}
     result = {}
@@ -54,7 +55,7 @@ def main() -> int:
         out = os.path.join(a.out, name, "model.onnx")
         cmd = [a.nibble, "quantize", "--onnx_path", a.model, "--output_path", out, "--force", "--quiet",
                "--calib_data", a.calib_data, "--calib_size", "8", "--calib_seq_len", "128",
-               "--calib_cache", os.path.join(a.cache, name)] + args
+               "--calib_cache", os.path.join(a.cache, name)] + args + a.extra.split()
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             result[name] = {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else str(p.returncode)}

@@ -1,4 +1,4 @@
-// AWQ-lite (reference spec §5): for every planned weight, the per-input-channel scale s that
+// AWQ-lite: for every planned weight, the per-input-channel scale s that
 // minimises the output error of quantizing W ⊙ s (with X ⊘ s on the activation side), chosen on
 // a grid of alphas from calibration statistics. Two modes:
 //   modelopt  ModelOpt 0.47's arithmetic and quirks (strided weight statistic, fixed 11-point grid,

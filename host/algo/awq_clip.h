@@ -1,4 +1,4 @@
-// AWQ clip (reference spec §6) and AWQ full (§6.4: the awq_lite scale search, then the clip search).
+// AWQ clip and AWQ full (the awq_lite scale search, then the clip search).
 //   modelopt  ModelOpt 0.47: every weight's ratios searched on ModelOpt's token sample (rows 0, step,
 //             2·step, ... of the concatenated calibration activations, step = T // 64, padding
 //             included), float32 per-block partial products, first strictly smaller loss; the final

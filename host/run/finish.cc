@@ -52,6 +52,8 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                  nw, human_bytes(e.bytes_in), human_bytes(e.bytes_out),
                  e.elements ? 8.0 * double(e.bytes_out) / double(e.elements) : 0.0, human_bytes(copied),
                  std::sqrt(e.sq_error / double(e.elements)), secs, human_bytes(peak_rss_bytes()));
+  if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0 && !o.quiet)
+    spdlog::info("{}: peak device memory {} of a {} budget", backend.name(), human_bytes(m.peak), human_bytes(m.budget));
   if (o.report.empty()) return;
   nlohmann::json skipped = nlohmann::json::array();
   for (const auto& s : planned.plan.skipped)
@@ -79,6 +81,10 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"peak_rss_bytes", peak_rss_bytes()},
                              {"genai_files", c.companions}}}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
+  if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {
+    report["summary"]["device_memory_budget_bytes"] = m.budget;
+    report["summary"]["peak_device_memory_bytes"] = m.peak;
+  }
   write_json_file(o.report, report);
 }
 

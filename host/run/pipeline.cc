@@ -68,6 +68,7 @@ int run_quantize(const QuantizeOptions& o) {
   std::string why;
   kernels::BackendOptions bopt;
   bopt.device = o.device;
+  bopt.device_memory = o.device_memory;
   auto backend = kernels::make_backend(bopt, &why);
 
   LoadedModel loaded = load_stage(o);

@@ -15,4 +15,8 @@ int run_quantize(const QuantizeOptions& options);
 int run_inspect(const std::string& model_path, const std::vector<std::string>& nodes_to_exclude,
                 int64_t block_size);
 
+// `nibble selftest`: every backend operation on `device` against the CPU reference, one PASS/FAIL
+// line each; returns 1 when any fails.
+int run_selftest(kernels::Device device, uint64_t device_memory);
+
 }  // namespace nibble

@@ -48,6 +48,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"mixed_budget", o.mixed_budget},
           {"awq_mode", name_of(o.awq_mode)},
           {"device", name_of(o.device)},
+          {"device_memory", o.device_memory},
           {"format", o.format ? name_of(*o.format) : ""},
           {"threads", o.threads},
           {"force", o.force},

@@ -1,4 +1,4 @@
-// AWQ clip search on the CPU (reference spec §6): per block, the clip ratio r of the symmetric scale
+// AWQ clip search on the CPU: per block, the clip ratio r of the symmetric scale
 // r * amax / qmax that minimises the block's output error.
 //
 //   modelopt  ModelOpt 0.47's _clip_search, float32 arithmetic in numpy's order: on a token sample

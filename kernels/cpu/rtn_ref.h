@@ -1,5 +1,5 @@
 // Round-to-nearest block quantization, the reference every other backend is tested against.
-// The formulas are ModelOpt's (reference spec §2.3-2.4), evaluated in the weight's own float type
+// The formulas are ModelOpt's, evaluated in the weight's own float type
 // the way numpy does it: each operation in fp32, the result rounded to the weight dtype (fp16
 // models are processed in fp16 by ModelOpt; bf16, which ModelOpt does not handle, rounds only
 // the scale and divides in fp32).

@@ -1,4 +1,4 @@
-"""AWQ-lite end to end (issue 5): `--awq_mode modelopt` against the independent numpy reference of
+"""AWQ-lite end to end: `--awq_mode modelopt` against the independent numpy reference of
 reference doc §5 (tests/e2e/awq_reference.py), where 1/s goes, and accuracy on held-out inputs.
 
 Model: models.make_awq (fp32, H=80, I=200, block 32: no K is a multiple of the block), with every

@@ -1,4 +1,4 @@
-"""awq_clip and awq_full end to end (issue 9): `--awq_mode modelopt` against the independent numpy
+"""awq_clip and awq_full end to end: `--awq_mode modelopt` against the independent numpy
 reference of reference doc §6 (tests/e2e/clip_reference.py) — codes exactly, scales to 1 ulp — and
 nibble mode's Gram-form block search checked block by block, plus accuracy on held-out inputs.
 

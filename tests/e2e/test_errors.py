@@ -262,7 +262,7 @@ def test_unknown_format(nibble, dirs):
 @pytest.mark.parametrize("flag,value", [("--awqclip_alpha_step", "0"), ("--awqclip_alpha_min", "1.5"),
                                         ("--awqclip_bsz_col", "0")])
 def test_awq_clip_bad_grid_flags(nibble, dirs, flag, value):
-    """awq_clip / awq_full (issue 9): a bad clip-grid flag is one clear error line, before any work."""
+    """awq_clip / awq_full: a bad clip-grid flag is one clear error line, before any work."""
     i, o = dirs
     src = external_model(i)
     fail_run(nibble, src, o, "--algo", "awq_clip", flag, value, names=(flag.lstrip("-"),))

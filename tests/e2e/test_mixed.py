@@ -1,4 +1,4 @@
-"""Mixed INT4/INT8 precision (issue 9, reference doc §7): ModelOpt's default layer choice, --layers_8bit,
+"""Mixed INT4/INT8 precision: ModelOpt's default layer choice, --layers_8bit,
 the INT8 layout in every output format, and nibble's sensitivity strategy with its budget.
 
 The §7.1 choice is re-implemented here in a few lines of Python from the reference text (independent of
@@ -155,7 +155,7 @@ def test_int8_zero_point_codes(nibble, model_cache, tmp_path, dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# --layers_8bit matching (§7.2)
+# --layers_8bit matching
 # --------------------------------------------------------------------------------------------
 
 def test_layers_8bit_matching(nibble, model_cache, tmp_path):

@@ -113,7 +113,7 @@ def test_weights_beyond_4gib_offsets(nibble, tmp_path):
         np.testing.assert_array_equal(got.array(name + "_scale"), ref.scale_2d())
     assert os.path.getsize(str(out) + ".data") < 1 << 20  # the output is small and dense
     x = rng.standard_normal((3, k)).astype(np.float32)
-    so = ort.SessionOptions()  # fp32 activations in the fused MatMulNBits (reference §11.4)
+    so = ort.SessionOptions()  # fp32 activations in the fused MatMulNBits
     so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
     y = ort.InferenceSession(str(out), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     want = x @ rtn_quantize(w1, 32).dequant() @ rtn_quantize(w2, 32).dequant()

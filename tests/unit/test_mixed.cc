@@ -1,5 +1,5 @@
-// Mixed precision (issue 9): ModelOpt's default INT8 layer choice (reference §7.1), --layers_8bit
-// matching (§7.2) and --mixed_budget parsing.
+// Mixed precision: ModelOpt's default INT8 layer choice, --layers_8bit
+// matching and --mixed_budget parsing.
 #include <gtest/gtest.h>
 
 #include <set>

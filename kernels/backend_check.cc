@@ -1,0 +1,156 @@
+#include "kernels/backend_check.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+
+#include "kernels/backend_check_data.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace nibble::kernels {
+namespace {
+
+using check::Case;
+
+// Bitwise equality of two arrays (floats compared as bits: -0 and NaN payloads count).
+template <class T>
+std::string same(const std::vector<T>& want, const std::vector<T>& got, const std::string& what) {
+  if (want.size() != got.size())
+    return what + ": " + std::to_string(got.size()) + " values, reference " + std::to_string(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], sizeof(T)) != 0)
+      return what + " differs at " + std::to_string(i) + ": " + std::to_string(double(got[i])) + ", reference " +
+             std::to_string(double(want[i]));
+  return {};
+}
+
+std::string close(double want, double got, double rel, const std::string& what) {
+  if (std::fabs(got - want) <= rel * std::fabs(want) || (want == 0 && got == 0)) return {};
+  return what + ": " + std::to_string(got) + ", reference " + std::to_string(want) + " (bound: relative " +
+         std::to_string(rel) + ")";
+}
+
+std::string same_quant(const QuantResult& want, const QuantResult& got) {
+  if (want.groups != got.groups) return "groups differ";
+  for (const std::string& e : {same(want.codes, got.codes, "codes"), same(want.scales, got.scales, "scales"),
+                               same(want.zero_points, got.zero_points, "zero points"),
+                               close(want.sq_error, got.sq_error, 1e-12, "sq_error")})
+    if (!e.empty()) return e;
+  return {};
+}
+
+// One check: runs `body` per case, stopping at the first difference (labelled with the case).
+using Body = std::function<std::string(Backend& ref, Backend& b, const Case& c, const check::Weight& w)>;
+
+OpCheck run(const std::string& op, Backend& ref, Backend& b, const std::vector<Case>& cs, const Body& body) {
+  OpCheck r{op, 0, {}};
+  uint32_t seed = 1;
+  for (const Case& c : cs) {
+    const check::Weight w = check::make_weight(c, seed++);
+    std::string e;
+    try {
+      e = body(ref, b, c, w);
+    } catch (const std::exception& ex) {
+      e = std::string("threw: ") + ex.what();
+    }
+    ++r.cases;
+    if (!e.empty()) {
+      r.error = c.label() + ": " + e;
+      break;
+    }
+  }
+  return r;
+}
+
+std::vector<Case> symmetric_only(const std::vector<Case>& cs) {
+  std::vector<Case> out;
+  for (const Case& c : cs)
+    if (!c.zp) out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& backend_op_names() {
+  static const std::vector<std::string> names = {
+      "rtn", "rtn_weighted", "rtn_ratios", "scale_weight", "scale_weight_f32", "divide_columns",
+      "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
+      "clip_search_modelopt", "clip_quantize_gram", "pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales",
+      "pack_matmulnbits_zero_points"};
+  return names;
+}
+
+std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs);
+std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs);
+
+std::vector<OpCheck> check_backend_ops(Backend& b) {
+  auto ref = make_reference_backend();
+  const std::vector<Case> cs = check::cases();
+  std::vector<OpCheck> out = check_backend_ops_part1(*ref, b, cs);
+  for (OpCheck& c : check_backend_ops_part2(*ref, b, cs)) out.push_back(std::move(c));
+  return out;
+}
+
+// ---- quantization and scaling
+std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs) {
+  std::vector<OpCheck> out;
+  out.push_back(run("rtn", ref, b, cs, [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+    QuantResult a, x;
+    r.rtn(w.m, c.spec(), a);
+    g.rtn(w.m, c.spec(), x);
+    return same_quant(a, x);
+  }));
+  out.push_back(run("rtn_weighted", ref, b, cs, [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+    const auto cw = check::positive(c.K, 0.1f, 4.0f, 7);
+    const std::vector<float> ratios{1.0f, 0.95f, 0.9f, 0.8f, 0.7f};
+    for (DType st : {DType::kUndefined, DType::kFloat16}) {  // scales in the data's type, or rounded to fp16
+      QuantSpec spec = c.spec();
+      spec.scale_dtype = st;
+      QuantResult a, x;
+      r.rtn_weighted(w.m, spec, cw.data(), ratios, a);
+      g.rtn_weighted(w.m, spec, cw.data(), ratios, x);
+      if (auto e = same_quant(a, x); !e.empty()) return e;
+    }
+    return std::string();
+  }));
+  out.push_back(run("rtn_ratios", ref, b, symmetric_only(cs),
+                    [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+                      const int64_t G = num_blocks(c.K, c.block);
+                      std::vector<float> ratio(size_t(c.N * G));
+                      for (size_t i = 0; i < ratio.size(); ++i) ratio[i] = 1.0f - 0.05f * float(i % 7);
+                      QuantResult a, x;
+                      r.rtn_ratios(w.m, c.spec(), ratio.data(), a);
+                      g.rtn_ratios(w.m, c.spec(), ratio.data(), x);
+                      return same_quant(a, x);
+                    }));
+  using Scale = std::vector<uint8_t> (Backend::*)(const WeightMatrix&, const float*);
+  const std::pair<const char*, Scale> scalings[] = {{"scale_weight", &Backend::scale_weight},
+                                                    {"scale_weight_f32", &Backend::scale_weight_f32},
+                                                    {"divide_columns", &Backend::divide_columns}};
+  for (const auto& [name, fn] : scalings) {
+    const bool by_n = std::string(name) == "divide_columns";
+    out.push_back(run(name, ref, b, symmetric_only(cs), [&](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+      const auto s = check::positive(by_n ? c.N : c.K, 0.3f, 3.0f, 11);
+      return same((r.*fn)(w.m, s.data()), (g.*fn)(w.m, s.data()), name);
+    }));
+  }
+  out.push_back(run("awq_weight_mean", ref, b, symmetric_only(cs),
+                    [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+                      for (bool contiguous : {false, true})
+                        if (auto e = same(r.awq_weight_mean(w.m, c.block, contiguous),
+                                          g.awq_weight_mean(w.m, c.block, contiguous), "mean");
+                            !e.empty())
+                          return e;
+                      return std::string();
+                    }));
+  // Two siblings side by side; block 8 divides K * sum N for every case (K is a multiple of 8).
+  out.push_back(run("awq_weight_mean_joint", ref, b, symmetric_only(cs),
+                    [](Backend& r, Backend& g, const Case&, const check::Weight& w) {
+                      const std::vector<WeightMatrix> sib = {w.m, w.m};
+                      return same(r.awq_weight_mean_joint(sib, 8), g.awq_weight_mean_joint(sib, 8), "mean");
+                    }));
+  return out;
+}
+
+}  // namespace nibble::kernels

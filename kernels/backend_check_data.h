@@ -1,0 +1,40 @@
+// Generated inputs of the backend checks (backend_check.cc): weights with ties, zero and constant
+// blocks and outliers, Gram matrices of random tokens.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/quant_types.h"
+
+namespace nibble::kernels::check {
+
+// A weight in its stored layout, owning its bytes.
+struct Weight {
+  std::vector<uint8_t> bytes;
+  WeightMatrix m;
+  std::string label;
+};
+
+struct Case {
+  DType dtype;
+  int k_axis;
+  int64_t K, N, block;
+  int bits;
+  bool zp;
+  std::string label() const;
+  QuantSpec spec() const { return QuantSpec{bits, block, zp}; }
+};
+
+// The cases every quantizing operation runs: 3 dtypes x 2 layouts x {4 bits, 8 bits} x zero point on
+// and off, with a partial last block (K = 200, block 64) and one whole-K block.
+std::vector<Case> cases();
+
+Weight make_weight(const Case& c, uint32_t seed);
+// G = XᵀX (float64, K x K) of T random token rows, channel scales uneven.
+std::vector<double> gram(int64_t T, int64_t K, uint32_t seed);
+// Positive values in [lo, hi).
+std::vector<float> positive(int64_t n, float lo, float hi, uint32_t seed);
+
+}  // namespace nibble::kernels::check

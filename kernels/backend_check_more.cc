@@ -1,0 +1,194 @@
+// The backend checks of the AWQ statistics and loss, the clip searches and the packings.
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "kernels/backend_check.h"
+#include "kernels/backend_check_data.h"
+
+namespace nibble::kernels {
+namespace {
+
+using check::Case;
+using Body = std::function<std::string(Backend& ref, Backend& b, const Case& c, const check::Weight& w)>;
+
+template <class T>
+std::string same(const std::vector<T>& want, const std::vector<T>& got, const std::string& what) {
+  if (want.size() != got.size())
+    return what + ": " + std::to_string(got.size()) + " values, reference " + std::to_string(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], sizeof(T)) != 0)
+      return what + " differs at " + std::to_string(i) + ": " + std::to_string(double(got[i])) + ", reference " +
+             std::to_string(double(want[i]));
+  return {};
+}
+
+OpCheck run(const std::string& op, Backend& ref, Backend& b, const std::vector<Case>& cs, const Body& body) {
+  OpCheck r{op, 0, {}};
+  uint32_t seed = 100;
+  for (const Case& c : cs) {
+    const check::Weight w = check::make_weight(c, seed++);
+    std::string e;
+    try {
+      e = body(ref, b, c, w);
+    } catch (const std::exception& ex) {
+      e = std::string("threw: ") + ex.what();
+    }
+    ++r.cases;
+    if (!e.empty()) {
+      r.error = c.label() + ": " + e;
+      break;
+    }
+  }
+  return r;
+}
+
+std::vector<Case> select(const std::vector<Case>& cs, const std::function<bool(const Case&)>& keep) {
+  std::vector<Case> out;
+  for (const Case& c : cs)
+    if (keep(c)) out.push_back(c);
+  return out;
+}
+
+std::vector<float> to_float(const std::vector<double>& g) { return std::vector<float>(g.begin(), g.end()); }
+
+// The loss checks: the Gram form and the factor form, plain and with clip ratios, two scale vectors.
+std::string check_losses(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+  const auto gram = check::gram(300, c.K, 21);
+  const auto g32 = to_float(gram);
+  const auto upper = r.gram_cholesky_upper(gram.data(), c.K);
+  const auto s1 = check::positive(c.K, 0.5f, 2.0f, 5), s2 = check::positive(c.K, 0.8f, 1.25f, 6);
+  const std::vector<float> ratios{1.0f, 0.9f, 0.8f};
+  for (bool factor : {false, true})
+    for (bool clip : {false, true}) {
+      const GramForm form{c.K, 300, g32.data(), factor ? upper.data() : nullptr};
+      const auto want = r.awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
+      const auto got = g.awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
+      for (size_t i = 0; i < want.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= 2e-4 * std::fabs(want[i])))
+          return std::string(factor ? "factor" : "Gram") + " form" + (clip ? " with clip ratios" : "") + ": loss " +
+                 std::to_string(got[i]) + ", reference " + std::to_string(want[i]) + " (bound: relative 2e-4)";
+    }
+  return {};
+}
+
+std::string check_clip_gram(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+  const int64_t K = c.K, B = c.block, G = num_blocks(K, B);
+  const auto gram = check::gram(300, K, 31);
+  std::vector<double> blocks(size_t(G * B * B), 0.0);  // the block-diagonal, zero-padded
+  for (int64_t gi = 0; gi < G; ++gi)
+    for (int64_t i = 0; i < B && gi * B + i < K; ++i)
+      for (int64_t j = 0; j < B && gi * B + j < K; ++j)
+        blocks[size_t((gi * B + i) * B + j)] = gram[size_t((gi * B + i) * K + gi * B + j)];
+  const auto inv_s = check::positive(K, 0.5f, 2.0f, 8);
+  for (int64_t gb : {int64_t(0), B})
+    for (bool scaled : {false, true})
+      for (bool both : {false, true}) {
+        const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f}, both};
+        const double* gm = gb ? blocks.data() : gram.data();
+        QuantResult a, x;
+        r.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, a);
+        g.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, x);
+        for (const std::string& e : {same(a.codes, x.codes, "codes"), same(a.scales, x.scales, "scales"),
+                                     same(a.zero_points, x.zero_points, "zero points")})
+          if (!e.empty()) return e;
+      }
+  return {};
+}
+
+std::string check_clip_modelopt(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+  const int64_t T = 64;
+  auto x = check::positive(T * c.K, -1.0f, 1.0f, 9);
+  const std::vector<double> ratios{1.0, 0.95, 0.9, 0.85, 0.8};
+  for (int64_t bsz : {int64_t(1024), int64_t(1)})
+    if (auto e = same(r.clip_search_modelopt(w.m, c.spec(), x.data(), T, ratios, bsz),
+                      g.clip_search_modelopt(w.m, c.spec(), x.data(), T, ratios, bsz), "ratios");
+        !e.empty())
+      return e;
+  return {};
+}
+
+std::string check_packs(Backend& r, Backend& g, const Case& c, const check::Weight& w, const std::string& op) {
+  QuantResult q;
+  r.rtn(w.m, c.spec(), q);
+  if (op == "pack_onnx") {
+    std::vector<uint8_t> odd(q.codes.begin(), q.codes.end() - 1);
+    if (auto e = same(r.pack_onnx(odd, c.bits), g.pack_onnx(odd, c.bits), "odd count"); !e.empty()) return e;
+    return same(r.pack_onnx(q.codes, c.bits), g.pack_onnx(q.codes, c.bits), "packed");
+  }
+  if (op == "matmulnbits_scales") return same(r.matmulnbits_scales(w.m, q), g.matmulnbits_scales(w.m, q), "scales");
+  if (op == "pack_matmulnbits_zero_points")
+    return same(r.pack_matmulnbits_zero_points(w.m, c.spec(), q), g.pack_matmulnbits_zero_points(w.m, c.spec(), q),
+                "zero points");
+  std::vector<int64_t> layouts{c.block};
+  if (q.groups == 1) layouts.push_back(128);  // a single block padded to a power of two
+  for (int64_t lb : layouts)
+    if (auto e = same(r.pack_matmulnbits_weight(w.m, c.spec(), q, lb), g.pack_matmulnbits_weight(w.m, c.spec(), q, lb),
+                      "B with layout block " + std::to_string(lb));
+        !e.empty())
+      return e;
+  return {};
+}
+
+}  // namespace
+
+std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs) {
+  std::vector<OpCheck> out;
+  const std::vector<Case> one{cs.front()};
+  out.push_back(run("awq_scale", ref, b, one, [](Backend& r, Backend& g, const Case& c, const check::Weight&) {
+    const auto xm = check::positive(c.K, 0.01f, 3.0f, 1), wm = check::positive(c.K, 0.05f, 1.0f, 2);
+    for (double alpha : {0.0, 0.25, 0.5, 0.7, 1.0})
+      if (auto e = same(r.awq_scale(xm, wm, alpha), g.awq_scale(xm, wm, alpha), "s"); !e.empty()) return e;
+    return std::string();
+  }));
+  out.push_back(run("mean_of", ref, b, one, [](Backend& r, Backend& g, const Case& c, const check::Weight&) {
+    std::vector<std::vector<float>> v;
+    for (uint32_t j = 0; j < 11; ++j) v.push_back(check::positive(c.K, 0.0f, 2.0f, 40 + j));
+    for (size_t m : {size_t(1), size_t(3), size_t(11)}) {
+      std::vector<const std::vector<float>*> p;
+      for (size_t j = 0; j < m; ++j) p.push_back(&v[j]);
+      if (auto e = same(r.mean_of(p), g.mean_of(p), "mean"); !e.empty()) return e;
+    }
+    return std::string();
+  }));
+  out.push_back(run("gram_cholesky_upper", ref, b, one, [](Backend&, Backend& g, const Case& c, const check::Weight&) {
+    const int64_t K = c.K;
+    const auto gram = check::gram(300, K, 3);
+    const auto u = g.gram_cholesky_upper(gram.data(), K);
+    if (u.size() != size_t(K * K)) return std::string("no factor");
+    double gmax = 0;
+    for (int64_t k = 0; k < K; ++k) gmax = std::max(gmax, gram[size_t(k * K + k)]);
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        double utu = 0;
+        for (int64_t m = 0; m <= std::min(i, j); ++m) utu += double(u[size_t(m * K + i)]) * double(u[size_t(m * K + j)]);
+        if ((j < i && u[size_t(i * K + j)] != 0.0f) || std::fabs(utu - gram[size_t(i * K + j)]) > 2e-6 * gmax)
+          return "UᵀU differs from G at " + std::to_string(i) + "," + std::to_string(j) + " (bound 2e-6 of max G_kk)";
+      }
+    std::vector<double> zero(size_t(K * K), 0.0);
+    return g.gram_cholesky_upper(zero.data(), K).empty() ? std::string() : std::string("factor of a zero matrix");
+  }));
+  out.push_back(run("channel_energy", ref, b, one, [](Backend& r, Backend& g, const Case& c, const check::Weight&) {
+    const auto gram = check::gram(50, c.K, 4);
+    const auto s = check::positive(c.K, 0.5f, 2.0f, 3);
+    for (const float* sp : {static_cast<const float*>(nullptr), s.data()})
+      if (auto e = same(r.channel_energy(gram.data(), c.K, sp), g.channel_energy(gram.data(), c.K, sp), "energy");
+          !e.empty())
+        return e;
+    return std::string();
+  }));
+  out.push_back(run("awq_losses", ref, b, select(cs, [](const Case& c) { return c.K == 200; }), check_losses));
+  out.push_back(run("clip_search_modelopt", ref, b, select(cs, [](const Case& c) { return !c.zp && c.bits == 4; }),
+                    check_clip_modelopt));
+  out.push_back(run("clip_quantize_gram", ref, b, cs, check_clip_gram));
+  for (const char* op : {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points"}) {
+    const std::string name = op;
+    const auto keep = name == "pack_matmulnbits_zero_points" ? select(cs, [](const Case& c) { return c.zp; }) : cs;
+    out.push_back(run(name, ref, b, keep, [name](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+      return check_packs(r, g, c, w, name);
+    }));
+  }
+  return out;
+}
+
+}  // namespace nibble::kernels

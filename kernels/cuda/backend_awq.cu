@@ -1,0 +1,148 @@
+// The CUDA backend's AWQ loss and Cholesky factor: single-source kernels for the quantization and
+// D = W - Ŵ/s, the linear-algebra layer (cuBLAS or OpenBLAS) for the products with XᵀX or its
+// factor U. The weight streams in column panels, and a Gram matrix too large for the budget in row
+// panels; each column's sum runs over k in one order whatever the panels, so the loss does not
+// depend on the budget except through the BLAS's own summation inside a product.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/cuda/awq_kernels.h"
+#include "kernels/cuda/backend_impl.h"
+#include "kernels/cuda/launch.h"
+
+namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
+
+DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec, const float* s, const float* diag,
+                                          const std::vector<float>* clip) {
+  const WeightView& v = p.view;
+  const int64_t K = v.K(), width = p.width, n = K * width;
+  const DeviceBuffer<float> s_d = upload(s, size_t(K));
+  // W ⊙ s: fp32 when each block picks a clip ratio (scales rounded to the weight dtype), else rounded.
+  const int qdt = clip ? int(DType::kFloat32) : v.dtype;
+  DeviceBuffer<uint8_t> scaled(*dev_, size_t(n) * (clip ? 4 : dtype_size(DType(v.dtype))));
+  launch(n, ScaleBody{v.data, v.dtype, qdt, v.cols, v.k_axis, s_d.get(), scaled.get()});
+  const WeightView sv{scaled.get(), qdt, v.rows, v.cols, v.k_axis};
+  QuantSpec qs = spec;
+  if (clip) qs.scale_dtype = DType(v.dtype);
+  DeviceQuant q = quant_buffers(sv, qs);
+  const BlockShape shape{spec.bits, spec.block, spec.zero_point, int(scale_type(qs, DType(qdt)))};
+  if (clip) {
+    DeviceBuffer<float> energy(*dev_, size_t(K));
+    launch(K, EnergyF32Body{diag, s_d.get(), energy.get()});
+    const DeviceBuffer<float> r = upload(clip->data(), clip->size());
+    launch(int64_t(q.scales.size()), RtnWeightedBody{sv, shape, q.out(), energy.get(), r.get(), int64_t(clip->size())});
+    dev_->synchronize();
+  } else {
+    launch(int64_t(q.scales.size()), RtnBody{sv, shape, q.out()});
+  }
+  DeviceBuffer<float> d(*dev_, size_t(n));
+  launch(n, AwqDiffBody{v, q.codes.get(), q.scales.get(), spec.zero_point ? q.zero_points.get() : nullptr, spec.block,
+                        qdt, s_d.get(), d.get()});
+  dev_->synchronize();
+  return d;
+}
+
+// acc[n] += Σ_k D(k, n) (G D)(k, n), or Σ_k (U D)(k, n)² with the factor. D is [K, width] row-major,
+// which column-major is X = Dᵀ (width x K); G (or U) row-major read column-major is its transpose,
+// so G D = (X Gᵀ)ᵀ and U D = (X Uᵀ)ᵀ, Uᵀ lower triangular.
+void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t gram_rows,
+                               const DeviceBuffer<float>& d, int64_t width, double* acc) {
+  const int64_t K = g.K;
+  const int m = int(width), k = int(K);
+  DeviceBuffer<float> y(*dev_, size_t(width * gram_rows));
+  if (g.upper && resident && gram_rows == K) {
+    la_->strmm(Side::kRight, Fill::kLower, Op::kN, m, k, 1.0f, resident, k, d.get(), m, y.get(), m);
+    launch(width, ColumnDotBody{y.get(), y.get(), K, width, acc});
+    dev_->synchronize();
+    return;
+  }
+  const float* src = g.upper ? g.upper : g.gram32;
+  for (int64_t r0 = 0; r0 < K; r0 += gram_rows) {
+    const int64_t nr = std::min(gram_rows, K - r0);
+    DeviceBuffer<float> panel;
+    const float* rows = resident ? resident + r0 * K : nullptr;
+    if (!resident) {  // rows r0 .. r0 + nr of G (or U), contiguous on the host
+      panel = upload(src + r0 * K, size_t(nr * K));
+      rows = panel.get();
+    }
+    if (g.upper) {  // U's rows r0.. are zero left of r0: (U D)[r0:] = X[:, r0:] (Uᵀ)[r0:, r0:r0+nr]
+      la_->sgemm(Op::kN, Op::kN, m, int(nr), int(K - r0), 1.0f, d.get() + r0 * width, m, rows + r0, k, 0.0f, y.get(), m);
+      launch(width, ColumnDotBody{y.get(), y.get(), nr, width, acc});
+    } else {
+      la_->sgemm(Op::kN, Op::kN, m, int(nr), k, 1.0f, d.get(), m, rows, k, 0.0f, y.get(), m);
+      launch(width, ColumnDotBody{d.get() + r0 * width, y.get(), nr, width, acc});
+    }
+    dev_->synchronize();
+  }
+}
+
+std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
+                                            const QuantSpec& spec, const GramForm& g,
+                                            const std::vector<float>* clip) {
+  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
+  if (g.K != K || !g.gram32) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
+  // The Gram diagonal (clip weights): a 2-D copy of one element per row.
+  DeviceBuffer<float> diag(*dev_, size_t(K));
+  dev_->to_device_2d(diag.get(), 4, g.gram32, size_t(K + 1) * 4, 4, size_t(K));
+  // Per panel column: weight, W ⊙ s, codes, D and one row of Y per Gram row, params and errors.
+  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8;
+  const uint64_t fixed = uint64_t(K) * 12 + 4096;
+  const uint64_t gram_bytes = uint64_t(K) * uint64_t(K) * 4;
+  DeviceBuffer<float> resident;
+  int64_t gram_rows = K, width = 0;
+  const int64_t want = std::min<int64_t>(N, 64);
+  const uint64_t in_use = dev_->in_use(), budget = dev_->budget();
+  if (in_use + fixed + gram_bytes + uint64_t(want) * (per_col + uint64_t(K) * 4) < budget) {
+    resident = upload(g.upper ? g.upper : g.gram32, size_t(K * K));
+    width = panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses");
+  } else {  // the Gram matrix streams in row panels beside `want` columns
+    width = panel_width(fixed, per_col * 2, want, "awq_losses");
+    const uint64_t left = budget - std::min(budget, dev_->in_use() + fixed + per_col * uint64_t(width) + 65536);
+    gram_rows = std::min<int64_t>(K, int64_t(left / (uint64_t(K) * 4 + uint64_t(width) * 4 + 512)));
+    if (gram_rows < 1) throw std::runtime_error("awq_losses: no Gram row fits the device memory budget");
+  }
+  std::vector<std::vector<double>> acc(scales.size(), std::vector<double>(size_t(N), 0.0));
+  for (int64_t n0 = 0; n0 < N; n0 += width) {
+    const Panel p = upload_panel(w, n0, std::min(width, N - n0));
+    for (size_t si = 0; si < scales.size(); ++si) {
+      const DeviceBuffer<float> d = awq_diff(p, spec, scales[si], diag.get(), clip);
+      DeviceBuffer<double> a(*dev_, size_t(p.width));
+      dev_->fill_zero(a.get(), a.bytes());
+      gram_columns(g, resident.get(), gram_rows, d, p.width, a.get());
+      dev_->synchronize();
+      dev_->to_host(acc[si].data() + n0, a.get(), a.bytes());
+    }
+  }
+  std::vector<double> out;
+  for (const auto& col : acc) {
+    double sum = 0;
+    for (double v : col) sum += v;
+    out.push_back(sum / (double(g.rows) * double(N)));
+  }
+  return out;
+}
+
+std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t K) {
+  double dmax = 0;  // the shift's scale, from K values on the host
+  for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
+  if (!(dmax > 0) || !std::isfinite(dmax)) return {};
+  // A factor that does not fit the budget is not computed: an empty U selects the GEMM form, which
+  // streams the Gram matrix in row panels.
+  if (dev_->in_use() + uint64_t(K) * uint64_t(K) * 12 + 65536 > dev_->budget()) return {};
+  DeviceBuffer<double> a(*dev_, size_t(K * K));
+  for (double shift : {0.0, 1e-12, 1e-9}) {
+    dev_->to_device(a.get(), gram, a.bytes());
+    if (shift > 0) launch(K, ShiftDiagonalBody{a.get(), K, shift * dmax});
+    // The row-major array read column-major is Gᵀ = G; the lower factor L (G = L Lᵀ), column-major,
+    // is Lᵀ = U row-major.
+    if (la_->dpotrf(Fill::kLower, int(K), a.get(), int(K)) != 0) continue;
+    DeviceBuffer<float> u(*dev_, size_t(K * K));
+    launch(K * K, UpperFloatBody{a.get(), K, u.get()});
+    return download(u);
+  }
+  return {};
+}
+
+}  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

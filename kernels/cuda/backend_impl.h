@@ -1,0 +1,130 @@
+// The CUDA backend's class, compiled twice from the same source: by nvcc for a GPU (namespace
+// gpu::real) and by the host compiler for the emulated device (gpu::emulated); NIBBLE_GPU_NS says
+// which. Everything below the Backend interface goes through DeviceLayer (memory, copies) and
+// LinAlg (BLAS), both chosen at construction.
+//
+// On the host, through `host_` (a reference backend): awq_scale (K values; a GPU's powf is not
+// libm's, and the codes depend on these bits), clip_search_modelopt and awq_weight_mean_joint
+// (ModelOpt-mode only, no device version yet).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/linalg.h"
+#include "kernels/cuda/rtn_kernels.h"
+
+#ifndef NIBBLE_GPU_NS
+#error "NIBBLE_GPU_NS must name the build of the CUDA backend (real or emulated)"
+#endif
+
+namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
+
+// A column panel [n0, n0 + width) of a host weight, on the device.
+struct Panel {
+  int64_t n0 = 0, width = 0;
+  DeviceBuffer<uint8_t> data;
+  WeightView view{};
+};
+
+// A quantization result of one panel on the device.
+struct DeviceQuant {
+  DeviceBuffer<uint8_t> codes, zero_points;
+  DeviceBuffer<float> scales;
+  DeviceBuffer<double> error;
+  QuantOut out() const { return QuantOut{codes.get(), scales.get(), zero_points.get(), error.get()}; }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la, std::unique_ptr<Backend> host)
+      : dev_(std::move(dev)), la_(std::move(la)), host_(std::move(host)) {}
+  std::string name() const override { return dev_->name(); }
+  std::string describe() const override;
+  DeviceMemoryUse device_memory() const override { return {dev_->budget(), dev_->peak()}; }
+
+  void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
+  void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
+                    const std::vector<float>& ratios, QuantResult& out) override;
+  void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
+  std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
+  std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
+  std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
+  std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
+  std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override {
+    return host_->awq_weight_mean_joint(siblings, block);
+  }
+  std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
+                               double alpha) override {
+    return host_->awq_scale(x_mean, w_mean, alpha);
+  }
+  std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) override;
+  std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override;
+  std::vector<float> channel_energy(const double* gram, int64_t K, const float* s) override;
+  std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
+                                 const QuantSpec& spec, const GramForm& gram,
+                                 const std::vector<float>* clip_ratios) override;
+  std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
+                                          const std::vector<double>& ratios, int64_t bsz_col) override {
+    return host_->clip_search_modelopt(w, spec, x, T, ratios, bsz_col);
+  }
+  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+                          const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
+  std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;
+  std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
+                                               const QuantResult& q, int64_t layout_block) override;
+  std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) override;
+  std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
+                                                    const QuantResult& q) override;
+
+ private:
+  // Columns of a panel that fit beside `fixed` bytes when each column needs `per_column` bytes.
+  int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
+  Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);
+  DeviceQuant quant_buffers(const WeightView& v, const QuantSpec& spec);
+  // Copies a panel's codes, scales and zero points into `out` (laid out for the whole weight) and its
+  // block errors into err_gn ([G, N]).
+  void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
+                      QuantResult& out, std::vector<double>& err_gn);
+  // The RTN family: per column panel, `run(panel view, panel buffers, shape)` launches one body.
+  template <class Run>
+  void quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
+                       const Run& run);
+  template <class T>
+  DeviceBuffer<T> upload(const T* p, size_t n);
+  template <class T>
+  std::vector<T> download(const DeviceBuffer<T>& b);
+  std::vector<uint8_t> elementwise(const WeightMatrix& w, const float* v, size_t v_len, int mode);
+  // AWQ loss pieces (backend_awq.cu): D = W - Ŵ/s of one panel for one scale vector, and the
+  // per-column sums of D ⊙ (G D) or (U D)² over Gram row panels of `gram_rows` rows.
+  DeviceBuffer<float> awq_diff(const Panel& p, const QuantSpec& spec, const float* s, const float* diag,
+                               const std::vector<float>* clip);
+  void gram_columns(const GramForm& g, const float* resident, int64_t gram_rows, const DeviceBuffer<float>& d,
+                    int64_t width, double* acc);
+
+  std::unique_ptr<DeviceLayer> dev_;
+  std::unique_ptr<LinAlg> la_;
+  std::unique_ptr<Backend> host_;
+};
+
+template <class T>
+inline DeviceBuffer<T> CudaBackend::upload(const T* p, size_t n) {
+  DeviceBuffer<T> b(*dev_, n);
+  dev_->to_device(b.get(), p, n * sizeof(T));
+  return b;
+}
+
+template <class T>
+inline std::vector<T> CudaBackend::download(const DeviceBuffer<T>& b) {
+  std::vector<T> v(b.size());
+  dev_->synchronize();
+  dev_->to_host(v.data(), b.get(), b.bytes());
+  return v;
+}
+
+std::unique_ptr<Backend> make(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la,
+                              std::unique_ptr<Backend> host);
+
+}  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

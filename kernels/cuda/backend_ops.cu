@@ -1,0 +1,144 @@
+// The CUDA backend's element-wise operations, AWQ statistics and packings: upload, one launch,
+// download. Element-wise operations stream the weight through the device in row panels.
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/cuda/awq_kernels.h"
+#include "kernels/cuda/backend_impl.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/pack_kernels.h"
+
+namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
+namespace {
+
+enum Mode { kScale = 0, kScaleF32 = 1, kDivide = 2 };
+
+}  // namespace
+
+std::string CudaBackend::describe() const {
+  const uint64_t b = dev_->budget();
+  return dev_->describe() + ", " + la_->name() + ", device memory budget " +
+         (b < (uint64_t(1) << 20) ? std::to_string(b >> 10) + " KiB" : std::to_string(b >> 20) + " MiB");
+}
+
+// One element-wise operation over row panels of the stored layout. `v` is indexed by stored row
+// (k_axis 0 scaling, k_axis 1 division) or by stored column (the other two): a row panel takes its
+// slice of the first kind whole.
+std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float* v, size_t v_len, int mode) {
+  const DType out_t = mode == kScaleF32 ? DType::kFloat32 : w.dtype;
+  const size_t in_sz = dtype_size(w.dtype), out_sz = dtype_size(out_t);
+  std::vector<uint8_t> out(size_t(w.rows * w.cols) * out_sz);
+  const DeviceBuffer<float> v_d = upload(v, v_len);
+  const bool by_row = (mode == kDivide) == (w.k_axis == 1);
+  const int64_t panel = panel_width(0, uint64_t(w.cols) * (in_sz + out_sz), w.rows, "element-wise");
+  for (int64_t r0 = 0; r0 < w.rows; r0 += panel) {
+    const int64_t nr = std::min(panel, w.rows - r0), n = nr * w.cols;
+    DeviceBuffer<uint8_t> in(*dev_, size_t(n) * in_sz), res(*dev_, size_t(n) * out_sz);
+    dev_->to_device(in.get(), static_cast<const uint8_t*>(w.data) + size_t(r0 * w.cols) * in_sz, in.bytes());
+    const float* vp = v_d.get() + (by_row ? r0 : 0);
+    if (mode == kDivide)
+      launch(n, DivideColumnsBody{in.get(), int(w.dtype), w.cols, w.k_axis, vp, res.get()});
+    else  // ScaleBody indexes s by i / cols for k_axis 0: rows of this panel, hence the offset
+      launch(n, ScaleBody{in.get(), int(w.dtype), int(out_t), w.cols, w.k_axis, vp, res.get()});
+    dev_->synchronize();
+    dev_->to_host(out.data() + size_t(r0 * w.cols) * out_sz, res.get(), res.bytes());
+  }
+  return out;
+}
+
+std::vector<uint8_t> CudaBackend::scale_weight(const WeightMatrix& w, const float* s) {
+  return elementwise(w, s, size_t(w.K()), kScale);
+}
+std::vector<uint8_t> CudaBackend::scale_weight_f32(const WeightMatrix& w, const float* s) {
+  return elementwise(w, s, size_t(w.K()), kScaleF32);
+}
+std::vector<uint8_t> CudaBackend::divide_columns(const WeightMatrix& w, const float* d) {
+  return elementwise(w, d, size_t(w.N()), kDivide);
+}
+
+std::vector<float> CudaBackend::awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) {
+  const int64_t K = w.K(), N = w.N(), G = num_blocks(K, block), M = contiguous ? G * N : G * block * N / block;
+  const DeviceBuffer<uint8_t> data = upload(static_cast<const uint8_t*>(w.data), size_t(K * N) * dtype_size(w.dtype));
+  const WeightView v{data.get(), int(w.dtype), w.rows, w.cols, w.k_axis};
+  DeviceBuffer<float> amax(*dev_, size_t(M)), mean(*dev_, size_t(K));
+  launch(M, GroupAmaxBody{v, block, M, contiguous, amax.get()});
+  launch(K, WeightMeanBody{v, block, M, contiguous, amax.get(), mean.get()});
+  return download(mean);
+}
+
+std::vector<float> CudaBackend::mean_of(const std::vector<const std::vector<float>*>& v) {
+  if (v.empty()) return {};
+  const int64_t m = int64_t(v.size()), K = int64_t(v[0]->size());
+  DeviceBuffer<float> in(*dev_, size_t(m * K)), out(*dev_, size_t(K));
+  for (int64_t j = 0; j < m; ++j) dev_->to_device(in.get() + j * K, v[size_t(j)]->data(), size_t(K) * 4);
+  launch(K, MeanOfBody{in.get(), m, K, out.get()});
+  return download(out);
+}
+
+std::vector<float> CudaBackend::channel_energy(const double* gram, int64_t K, const float* s) {
+  // Only the diagonal goes to the device: a 2-D copy of one element per row.
+  DeviceBuffer<double> diag(*dev_, size_t(K));
+  dev_->to_device_2d(diag.get(), 8, gram, size_t(K + 1) * 8, 8, size_t(K));
+  const DeviceBuffer<float> s_d = s ? upload(s, size_t(K)) : DeviceBuffer<float>();
+  DeviceBuffer<float> out(*dev_, size_t(K));
+  launch(K, EnergyF64Body{diag.get(), s ? s_d.get() : nullptr, out.get()});
+  return download(out);
+}
+
+std::vector<uint8_t> CudaBackend::pack_onnx(const std::vector<uint8_t>& codes, int bits) {
+  if (bits == 8) return codes;
+  if (bits != 4) throw std::invalid_argument("pack_onnx: bits must be 4 or 8");
+  const int64_t n = int64_t(codes.size());
+  std::vector<uint8_t> out(size_t((n + 1) / 2));
+  // In chunks of an even number of codes (3 bytes of device memory per code pair) within the budget.
+  const int64_t pairs = panel_width(0, 3, (n + 1) / 2, "pack_onnx");
+  for (int64_t c0 = 0; c0 < n; c0 += 2 * pairs) {
+    const int64_t cn = std::min(2 * pairs, n - c0), bytes = (cn + 1) / 2;
+    const DeviceBuffer<uint8_t> in = upload(codes.data() + c0, size_t(cn));
+    DeviceBuffer<uint8_t> res(*dev_, size_t(bytes));
+    launch(bytes, PackOnnxBody{in.get(), cn, res.get()});
+    dev_->synchronize();
+    dev_->to_host(out.data() + c0 / 2, res.get(), res.bytes());
+  }
+  return out;
+}
+
+std::vector<uint8_t> CudaBackend::pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
+                                                          const QuantResult& q, int64_t layout_block) {
+  const int64_t K = shape.K(), N = shape.N(), G = q.groups;
+  if (layout_block != spec.block && G != 1)
+    throw std::invalid_argument("pack_matmulnbits_weight: padded layout needs a single block");
+  const int64_t blob = layout_block * spec.bits / 8;
+  const DeviceBuffer<uint8_t> codes = upload(q.codes.data(), q.codes.size());
+  const DeviceBuffer<uint8_t> zp =
+      spec.zero_point ? upload(q.zero_points.data(), q.zero_points.size()) : DeviceBuffer<uint8_t>();
+  DeviceBuffer<uint8_t> out(*dev_, size_t(N * G * blob));
+  const ParamLayout l{K, N, G, shape.k_axis};
+  launch(N * G * blob, PackNBitsBody{l, codes.get(), spec.zero_point ? zp.get() : nullptr, spec.bits, spec.block,
+                                     layout_block, blob, out.get()});
+  return download(out);
+}
+
+std::vector<float> CudaBackend::matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) {
+  const int64_t N = shape.N(), G = q.groups;
+  const DeviceBuffer<float> in = upload(q.scales.data(), q.scales.size());
+  DeviceBuffer<float> out(*dev_, size_t(N * G));
+  launch(N * G, NBitsScalesBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), out.get()});
+  return download(out);
+}
+
+std::vector<uint8_t> CudaBackend::pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
+                                                               const QuantResult& q) {
+  const int64_t N = shape.N(), G = q.groups, row = spec.bits == 8 ? G : (G + 1) / 2;
+  const DeviceBuffer<uint8_t> in = upload(q.zero_points.data(), q.zero_points.size());
+  DeviceBuffer<uint8_t> out(*dev_, size_t(N * row));
+  launch(N * row, NBitsZeroPointsBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), spec.bits, row, out.get()});
+  return download(out);
+}
+
+std::unique_ptr<Backend> make(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la,
+                              std::unique_ptr<Backend> host) {
+  return std::make_unique<CudaBackend>(std::move(dev), std::move(la), std::move(host));
+}
+
+}  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

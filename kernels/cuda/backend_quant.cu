@@ -1,0 +1,165 @@
+// The CUDA backend's RTN family and Gram clip search: the weight goes to the device in column panels
+// that fit the memory budget (blocks run along K, so columns are independent), one thread per
+// (block, column) quantizes, and the results come back into the host layout.
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/cuda/awq_kernels.h"
+#include "kernels/cuda/backend_impl.h"
+#include "kernels/cuda/launch.h"
+
+namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
+namespace {
+
+void check(const QuantSpec& spec) {
+  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (spec.block <= 0) throw std::invalid_argument("block must be positive");
+}
+BlockShape shape_of(const QuantSpec& spec, DType data) {
+  return BlockShape{spec.bits, spec.block, spec.zero_point, int(scale_type(spec, data))};
+}
+
+}  // namespace
+
+int64_t CudaBackend::panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const {
+  // Each buffer may round up by 256 bytes; a few KiB of slack covers that.
+  const uint64_t slack = 16 * 1024, used = dev_->in_use() + fixed + slack;
+  const uint64_t avail = dev_->budget() > used ? dev_->budget() - used : 0;
+  int64_t width = std::min<int64_t>(N, int64_t(avail / std::max<uint64_t>(per_column, 1)));
+  if (width < 1)
+    throw std::runtime_error(std::string(what) + ": not even one column fits the device memory budget of " +
+                             std::to_string(dev_->budget() >> 20) + " MiB (raise --device_memory)");
+  if (width < N && width > 32) width -= width % 32;  // whole warps
+  return width;
+}
+
+Panel CudaBackend::upload_panel(const WeightMatrix& w, int64_t n0, int64_t width) {
+  const size_t esz = dtype_size(w.dtype);
+  const int64_t K = w.K(), N = w.N();
+  Panel p;
+  p.n0 = n0;
+  p.width = width;
+  p.data = DeviceBuffer<uint8_t>(*dev_, size_t(K * width) * esz);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  if (w.k_axis == 0)  // [K, N]: `width` columns of every row
+    dev_->to_device_2d(p.data.get(), size_t(width) * esz, src + size_t(n0) * esz, size_t(N) * esz, size_t(width) * esz,
+                       size_t(K));
+  else  // [N, K]: consecutive rows
+    dev_->to_device(p.data.get(), src + size_t(n0 * K) * esz, p.data.bytes());
+  p.view = WeightView{p.data.get(), int(w.dtype), w.k_axis == 0 ? K : width, w.k_axis == 0 ? width : K, w.k_axis};
+  return p;
+}
+
+DeviceQuant CudaBackend::quant_buffers(const WeightView& v, const QuantSpec& spec) {
+  const int64_t G = num_blocks(v.K(), spec.block), N = v.N();
+  DeviceQuant q;
+  q.codes = DeviceBuffer<uint8_t>(*dev_, size_t(v.rows * v.cols));
+  q.scales = DeviceBuffer<float>(*dev_, size_t(G * N));
+  if (spec.zero_point) q.zero_points = DeviceBuffer<uint8_t>(*dev_, size_t(G * N));
+  q.error = DeviceBuffer<double>(*dev_, size_t(G * N));
+  return q;
+}
+
+void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
+                                 QuantResult& out, std::vector<double>& err_gn) {
+  const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block), n0 = p.n0, wd = p.width;
+  dev_->synchronize();
+  if (w.k_axis == 0) {  // codes [K, N], params [G, N]: strided rows
+    dev_->to_host_2d(out.codes.data() + n0, size_t(N), q.codes.get(), size_t(wd), size_t(wd), size_t(K));
+    dev_->to_host_2d(out.scales.data() + n0, size_t(N) * 4, q.scales.get(), size_t(wd) * 4, size_t(wd) * 4, size_t(G));
+    if (spec.zero_point)
+      dev_->to_host_2d(out.zero_points.data() + n0, size_t(N), q.zero_points.get(), size_t(wd), size_t(wd), size_t(G));
+  } else {  // codes [N, K], params [N, G]: consecutive rows
+    dev_->to_host(out.codes.data() + n0 * K, q.codes.get(), q.codes.bytes());
+    dev_->to_host(out.scales.data() + n0 * G, q.scales.get(), q.scales.bytes());
+    if (spec.zero_point) dev_->to_host(out.zero_points.data() + n0 * G, q.zero_points.get(), q.zero_points.bytes());
+  }
+  dev_->to_host_2d(err_gn.data() + n0, size_t(N) * 8, q.error.get(), size_t(wd) * 8, size_t(wd) * 8, size_t(G));
+}
+
+template <class Run>
+void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
+                                  const Run& run) {
+  check(spec);
+  const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
+  out.groups = G;
+  out.codes.assign(size_t(w.rows * w.cols), 0);
+  out.scales.assign(size_t(G * N), 0.0f);
+  out.zero_points.assign(spec.zero_point ? size_t(G * N) : 0, 0);
+  std::vector<double> err_gn(size_t(G * N), 0.0);
+  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(G) * (4 + 1 + 8);
+  const int64_t width = panel_width(fixed, per_col, N, "quantize");
+  for (int64_t n0 = 0; n0 < N; n0 += width) {
+    Panel p = upload_panel(w, n0, std::min(width, N - n0));
+    DeviceQuant q = quant_buffers(p.view, spec);
+    run(p, q);
+    download_quant(w, p, spec, q, out, err_gn);
+  }
+  // Summed in one fixed order ([G, N] row by row), whatever the panels were.
+  out.sq_error = 0;
+  for (double e : err_gn) out.sq_error += e;
+}
+
+void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
+  quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
+    launch(int64_t(q.scales.size()), RtnBody{p.view, shape_of(spec, w.dtype), q.out()});
+  });
+}
+
+void CudaBackend::rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw,
+                               const std::vector<float>& ratios, QuantResult& out) {
+  if (ratios.empty()) throw std::invalid_argument("rtn_quantize_weighted: no clip ratio to try");
+  const DeviceBuffer<float> cw_d = upload(cw, size_t(w.K())), r_d = upload(ratios.data(), ratios.size());
+  quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
+    launch(int64_t(q.scales.size()),
+           RtnWeightedBody{p.view, shape_of(spec, w.dtype), q.out(), cw_d.get(), r_d.get(), int64_t(ratios.size())});
+  });
+}
+
+void CudaBackend::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) {
+  check(spec);
+  const int64_t G = num_blocks(w.K(), spec.block);
+  QuantSpec sym = spec;
+  sym.zero_point = false;
+  quantize_panels(w, sym, 0, out, [&](Panel& p, DeviceQuant& q) {
+    // This panel's ratios: rows n0 .. n0 + width of [N, G].
+    const DeviceBuffer<float> r = upload(ratio_ng + p.n0 * G, size_t(p.width * G));
+    launch(int64_t(q.scales.size()), RtnRatiosBody{p.view, shape_of(sym, w.dtype), q.out(), r.get()});
+    dev_->synchronize();
+  });
+}
+
+void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+                                     int64_t gram_block, const float* inv_s, const GramClipOptions& opt,
+                                     QuantResult& out) {
+  check(spec);
+  if (gram_block != 0 && gram_block != spec.block) throw std::invalid_argument("gram_block must be 0 or the block");
+  const int64_t K = w.K(), B = spec.block, G = num_blocks(K, B);
+  const std::vector<float> ratios = opt.ratios.empty() ? std::vector<float>{1.0f} : opt.ratios;
+  const int64_t R = int64_t(ratios.size()), C = R * ((opt.both_signs && !spec.zero_point) ? 2 : 1);
+  // Only the diagonal blocks are read: [G, B, B] on the device, the last one zero-padded.
+  DeviceBuffer<float> gb(*dev_, size_t(G * B * B));
+  {
+    DeviceBuffer<double> src(*dev_, size_t(G * B * B));
+    if (gram_block) {
+      dev_->to_device(src.get(), gram, src.bytes());
+    } else {
+      dev_->fill_zero(src.get(), src.bytes());
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t k0 = g * B, kn = std::min(K, k0 + B) - k0;
+        dev_->to_device_2d(src.get() + g * B * B, size_t(B) * 8, gram + k0 * K + k0, size_t(K) * 8, size_t(kn) * 8,
+                           size_t(kn));
+      }
+    }
+    const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();
+    launch(G * B * B, GramBlocksBody{src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
+    dev_->synchronize();
+  }
+  const DeviceBuffer<float> r_d = upload(ratios.data(), ratios.size());
+  quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
+    launch(int64_t(q.scales.size()),
+           ClipGramBody{p.view, shape_of(spec, w.dtype), q.out(), gb.get(), r_d.get(), R, C});
+  });
+}
+
+}  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

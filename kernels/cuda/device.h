@@ -1,0 +1,97 @@
+// The thin device layer under the CUDA backend: memory, copies and synchronisation. Two
+// implementations: the CUDA runtime (cuda_runtime_device.cu, GPU builds only) and the emulated
+// device (emulated_device.cc: host memory standing in for device memory). Both account every
+// allocation against a budget (--device_memory), so the emulated device shows in CI that a run
+// stays within what a real card would give it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace nibble::kernels::gpu {
+
+class DeviceLayer {
+ public:
+  explicit DeviceLayer(uint64_t budget) : budget_(budget) {}
+  virtual ~DeviceLayer() = default;
+  DeviceLayer(const DeviceLayer&) = delete;
+  DeviceLayer& operator=(const DeviceLayer&) = delete;
+
+  virtual std::string name() const = 0;  // "cuda" or "cuda_emulated"
+  virtual std::string describe() const = 0;
+
+  // Device memory within the budget: throws std::runtime_error naming the request, the budget and
+  // what is in use when it does not fit. Sizes are counted rounded up to 256 bytes (cudaMalloc's
+  // granularity), so the emulated peak is what a GPU would hold.
+  void* allocate(size_t bytes);
+  void release(void* p, size_t bytes);
+
+  // Copies (host <-> device, device <-> device); 2-D forms copy `height` rows of `width` bytes
+  // between pitched arrays, as cudaMemcpy2D. Synchronous: the backend uses one stream.
+  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                            size_t height) = 0;
+  virtual void to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                          size_t height) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Waits for the launches issued so far (a kernel error surfaces here).
+  virtual void synchronize() = 0;
+
+  uint64_t budget() const { return budget_; }
+  uint64_t in_use() const { return in_use_; }
+  uint64_t peak() const { return peak_; }
+
+  static size_t counted(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+ protected:
+  virtual void* raw_allocate(size_t bytes) = 0;  // nullptr when the device has no more memory
+  virtual void raw_release(void* p) = 0;
+
+ private:
+  uint64_t budget_;
+  uint64_t in_use_ = 0;
+  uint64_t peak_ = 0;
+};
+
+// Device memory for `n` elements of T, released when it goes out of scope.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceLayer& dev, size_t n) : dev_(&dev), n_(n) {
+    p_ = static_cast<T*>(n ? dev.allocate(n * sizeof(T)) : nullptr);
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      dev_ = o.dev_, p_ = o.p_, n_ = o.n_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  void reset() {
+    if (p_) dev_->release(p_, n_ * sizeof(T));
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  DeviceLayer* dev_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// The emulated device: host memory, copies as memcpy, nothing to wait for.
+std::unique_ptr<DeviceLayer> make_emulated_device(uint64_t budget);
+
+// Default budget of the emulated device when --device_memory is not given.
+constexpr uint64_t kEmulatedDefaultBudget = uint64_t(1) << 30;
+
+}  // namespace nibble::kernels::gpu

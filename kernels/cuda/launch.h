@@ -1,0 +1,49 @@
+// How a kernel body runs: one call per index of [0, n).
+//  - nvcc, on the GPU: one thread per index, through a kernel of our own. Thrust's for_each would do
+//    the same, but CUB's for_each kernel declares launch bounds that cap a thread at 32 registers on
+//    recent architectures, and the heavier bodies (weighted search, pairwise sums) then spill; ours
+//    asks only for 256-thread blocks.
+//  - g++, for the emulated device: CCCL Thrust on its OMP or CPP system (THRUST_DEVICE_SYSTEM), a loop
+//    over the indices on the host's threads. The body is the same source either way.
+#pragma once
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#else
+#include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#endif
+
+namespace nibble::kernels::gpu {
+
+#ifdef __CUDACC__
+constexpr int kLaunchThreads = 256;
+
+template <class Body>
+__global__ void __launch_bounds__(kLaunchThreads) for_each_index(Body body, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * kLaunchThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kLaunchThreads + threadIdx.x; i < n; i += stride) body(i);
+}
+
+template <class Body>
+void launch(int64_t n, const Body& body) {
+  if (n <= 0) return;
+  const int64_t blocks = (n + kLaunchThreads - 1) / kLaunchThreads;
+  for_each_index<<<unsigned(blocks < 65535 * 32 ? blocks : 65535 * 32), kLaunchThreads>>>(body, n);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel launch: ") + cudaGetErrorString(e));
+}
+#else
+template <class Body>
+void launch(int64_t n, const Body& body) {
+  if (n <= 0) return;
+  thrust::for_each(thrust::device, thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(n), body);
+}
+#endif
+
+}  // namespace nibble::kernels::gpu

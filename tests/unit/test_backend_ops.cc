@@ -1,0 +1,236 @@
+// Every backend operation on every backend this build has (cpu, cuda_emulated, and cuda when a
+// device exists) against the reference kernels, as ggml's test-backend-ops does; then what only the
+// CUDA backend has: its device layer (budgeted allocator, BLAS), its shared scalar arithmetic and
+// its streaming in panels within a device-memory budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/backend_check.h"
+#include "kernels/backend_check_data.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/hd_float.h"
+#include "kernels/cuda/linalg.h"
+
+using namespace nibble;
+using namespace nibble::kernels;
+
+namespace {
+
+struct Named {
+  std::string name;
+  std::unique_ptr<Backend> b;
+};
+
+std::vector<Named> backends() {
+  std::vector<Named> out;
+  out.push_back({"cpu", make_cpu_backend()});
+  if (cuda_emulated_compiled()) out.push_back({"cuda_emulated", make_backend({Device::kCudaEmulated, 0}, nullptr)});
+  if (cuda_compiled()) {
+    try {
+      out.push_back({"cuda", make_backend({Device::kCuda, 0}, nullptr)});
+    } catch (const std::runtime_error&) {
+      // no device here: the GPU-only adapters are checked by `nibble selftest --device cuda` on one
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<Backend> emulated(uint64_t budget) { return make_backend({Device::kCudaEmulated, budget}, nullptr); }
+
+}  // namespace
+
+TEST(BackendOps, EveryOperationOnEveryBackendMatchesTheReference) {
+  const auto all = backends();
+  if (cuda_emulated_compiled()) {
+    ASSERT_GE(all.size(), 2u);
+  }
+  for (const Named& n : all) {
+    SCOPED_TRACE(n.name);
+    EXPECT_EQ(n.b->name(), n.name);
+    std::set<std::string> seen;
+    for (const OpCheck& c : check_backend_ops(*n.b)) {
+      EXPECT_TRUE(c.passed()) << c.op << ": " << c.error;
+      EXPECT_GT(c.cases, 0) << c.op;
+      seen.insert(c.op);
+    }
+    EXPECT_EQ(seen, std::set<std::string>(backend_op_names().begin(), backend_op_names().end()));
+  }
+}
+
+TEST(BackendOps, CasesCoverDtypesLayoutsBitsZeroPointAndPartialBlocks) {
+  std::set<std::string> seen;
+  bool partial = false, whole = false;
+  for (const auto& c : check::cases()) {
+    seen.insert(dtype_name(c.dtype) + std::to_string(c.k_axis) + std::to_string(c.bits) + std::to_string(c.zp));
+    partial |= c.K % c.block != 0;
+    whole |= c.K == c.block;
+  }
+  EXPECT_EQ(seen.size(), 3u * 2u * 2u * 2u);
+  EXPECT_TRUE(partial);
+  EXPECT_TRUE(whole);
+}
+
+TEST(CudaEmulated, ChosenOnlyWhenAskedWithItsBudget) {
+  if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";
+  std::string why;
+  auto b = make_backend({Device::kCudaEmulated, 64u << 20}, &why);
+  EXPECT_EQ(b->name(), "cuda_emulated");
+  EXPECT_NE(why.find("64 MiB"), std::string::npos) << why;
+  EXPECT_EQ(b->device_memory().budget, 64u << 20);
+  EXPECT_EQ(make_backend({Device::kCudaEmulated, 0}, nullptr)->device_memory().budget, uint64_t(1) << 30);
+  auto a = make_backend({Device::kAuto, 0}, &why);
+  EXPECT_NE(a->name(), "cuda_emulated");
+}
+
+TEST(CudaEmulated, AllocatorEnforcesTheBudgetAndRecordsThePeak) {
+  auto dev = gpu::make_emulated_device(1u << 20);
+  {
+    gpu::DeviceBuffer<uint8_t> a(*dev, 300000), b(*dev, 500000);
+    EXPECT_EQ(dev->in_use(), gpu::DeviceLayer::counted(300000) + gpu::DeviceLayer::counted(500000));
+    try {
+      gpu::DeviceBuffer<uint8_t> c(*dev, 400000);
+      FAIL() << "an allocation over the budget succeeded";
+    } catch (const std::runtime_error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("budget of 1 MiB"), std::string::npos) << m;
+      EXPECT_NE(m.find("--device_memory"), std::string::npos) << m;
+    }
+  }
+  EXPECT_EQ(dev->in_use(), 0u);
+  EXPECT_EQ(dev->peak(), gpu::DeviceLayer::counted(300000) + gpu::DeviceLayer::counted(500000));
+  const uint64_t peak = dev->peak();
+  EXPECT_EQ(peak, 300032u + 500224u);  // each rounded up to 256 bytes
+  gpu::DeviceBuffer<float> d(*dev, 1000);
+  EXPECT_EQ(dev->peak(), peak);  // a smaller allocation later leaves the peak
+}
+
+// The shared scalar arithmetic of the kernels (hd_float.h) against kernels/dtype.h: every half and
+// bf16, and a sample of float bit patterns through both roundings.
+TEST(CudaEmulated, ScalarArithmeticMatchesDtype) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float a = half_to_float(uint16_t(h)), b = hd::half_to_float(uint16_t(h));
+    ASSERT_EQ(0, std::memcmp(&a, &b, 4)) << h;
+    const float c = bf16_to_float(uint16_t(h)), d = hd::bf16_to_float(uint16_t(h));
+    ASSERT_EQ(0, std::memcmp(&c, &d, 4)) << h;
+  }
+  std::mt19937 rng(5);
+  for (int i = 0; i < 2000000; ++i) {
+    const uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    ASSERT_EQ(float_to_half(f), hd::float_to_half(f)) << bits;
+    ASSERT_EQ(float_to_bf16(f), hd::float_to_bf16(f)) << bits;
+  }
+}
+
+// OpenBLAS behind the LinAlg interface, column-major as cuBLAS: each call against a plain loop.
+TEST(CudaEmulated, LinAlgIsColumnMajorBlas) {
+  auto la = gpu::make_blas_linalg();
+  const int m = 5, n = 4, k = 3;
+  std::vector<float> A(m * k), B(k * n), C(m * n, 1.0f);
+  for (size_t i = 0; i < A.size(); ++i) A[i] = float(i % 7) - 3.0f;
+  for (size_t i = 0; i < B.size(); ++i) B[i] = float(i % 5) * 0.5f;
+  la->sgemm(gpu::Op::kN, gpu::Op::kN, m, n, k, 2.0f, A.data(), m, B.data(), k, 1.0f, C.data(), m);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float want = 1.0f;
+      for (int p = 0; p < k; ++p) want += 2.0f * A[p * m + i] * B[j * k + p];
+      EXPECT_FLOAT_EQ(C[j * m + i], want) << i << "," << j;
+    }
+  std::vector<float> S(m * m, 0.0f);  // S = A Aᵀ, lower triangle
+  la->ssyrk(gpu::Fill::kLower, gpu::Op::kN, m, k, 1.0f, A.data(), m, 0.0f, S.data(), m);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j <= i; ++j) {
+      float want = 0;
+      for (int p = 0; p < k; ++p) want += A[p * m + i] * A[p * m + j];
+      EXPECT_FLOAT_EQ(S[j * m + i], want);
+    }
+  std::vector<float> L = {2, 1, 3, 0, 4, 5, 0, 0, 6}, X(2 * 3), Y(2 * 3);  // L lower 3x3 column-major
+  for (size_t i = 0; i < X.size(); ++i) X[i] = float(i) + 1.0f;
+  la->strmm(gpu::Side::kRight, gpu::Fill::kLower, gpu::Op::kN, 2, 3, 1.0f, L.data(), 3, X.data(), 2, Y.data(), 2);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j) {
+      float want = 0;
+      for (int p = j; p < 3; ++p) want += X[p * 2 + i] * L[j * 3 + p];
+      EXPECT_FLOAT_EQ(Y[j * 2 + i], want);
+    }
+  std::vector<double> P = {4, 2, 2, 5};  // [[4, 2], [2, 5]] = L Lᵀ, L = [[2, 0], [1, 2]]
+  EXPECT_EQ(la->dpotrf(gpu::Fill::kLower, 2, P.data(), 2), 0);
+  EXPECT_DOUBLE_EQ(P[0], 2.0);
+  EXPECT_DOUBLE_EQ(P[1], 1.0);
+  EXPECT_DOUBLE_EQ(P[3], 2.0);
+  std::vector<double> Q = {1, 2, 2, 1};
+  EXPECT_GT(la->dpotrf(gpu::Fill::kLower, 2, Q.data(), 2), 0);
+}
+
+// A weight larger than the device budget quantizes in column panels: the same bits as the reference,
+// and the device never held more than its budget.
+TEST(CudaEmulated, WeightsLargerThanTheBudgetStreamInPanels) {
+  if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";
+  auto ref = make_reference_backend();
+  const uint64_t budget = 512u << 10;
+  for (int k_axis : {0, 1}) {
+    const check::Case c{DType::kFloat16, k_axis, 1100, 409, 128, 4, k_axis == 1};  // 900 KB of fp16
+    const check::Weight w = check::make_weight(c, 3);
+    auto dev = emulated(budget);
+    QuantResult a, b;
+    ref->rtn(w.m, c.spec(), a);
+    dev->rtn(w.m, c.spec(), b);
+    EXPECT_EQ(a.codes, b.codes);
+    EXPECT_EQ(a.scales, b.scales);
+    EXPECT_EQ(a.zero_points, b.zero_points);
+    EXPECT_NEAR(a.sq_error, b.sq_error, 1e-12 * a.sq_error);
+    const auto cw = check::positive(c.K, 0.1f, 2.0f, 4);
+    ref->rtn_weighted(w.m, c.spec(), cw.data(), {1.0f, 0.9f}, a);
+    dev->rtn_weighted(w.m, c.spec(), cw.data(), {1.0f, 0.9f}, b);
+    EXPECT_EQ(a.codes, b.codes);
+    EXPECT_EQ(a.scales, b.scales);
+    EXPECT_EQ(ref->scale_weight(w.m, cw.data()), dev->scale_weight(w.m, cw.data()));
+    EXPECT_GT(dev->device_memory().peak, budget / 2);
+    EXPECT_LE(dev->device_memory().peak, budget);
+  }
+  // Not even one column fits: one clear error.
+  const check::Case big{DType::kFloat32, 0, 40000, 4, 128, 4, false};
+  const check::Weight w = check::make_weight(big, 1);
+  QuantResult q;
+  try {
+    emulated(64u << 10)->rtn(w.m, big.spec(), q);
+    FAIL() << "quantized beyond the budget";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device_memory"), std::string::npos) << e.what();
+  }
+}
+
+// A Gram matrix larger than the budget streams in row panels; the loss stays within its bound of the
+// reference, and does not depend on the budget beyond BLAS summation order.
+TEST(CudaEmulated, GramMatricesLargerThanTheBudgetStreamInRowPanels) {
+  if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";
+  auto ref = make_reference_backend();
+  const int64_t K = 384;  // XᵀX: 576 KiB of float32
+  const check::Case c{DType::kFloat32, 0, K, 96, 128, 4, false};
+  const check::Weight w = check::make_weight(c, 9);
+  const auto gram = check::gram(500, K, 2);
+  const std::vector<float> g32(gram.begin(), gram.end());
+  const auto upper = ref->gram_cholesky_upper(gram.data(), K);
+  const auto s = check::positive(K, 0.5f, 2.0f, 1);
+  for (bool factor : {false, true}) {
+    const GramForm form{K, 500, g32.data(), factor ? upper.data() : nullptr};
+    const double want = ref->awq_losses(w.m, {s.data()}, c.spec(), form, nullptr)[0];
+    for (uint64_t budget : {uint64_t(4) << 20, uint64_t(400) << 10}) {
+      auto dev = emulated(budget);
+      const double got = dev->awq_losses(w.m, {s.data()}, c.spec(), form, nullptr)[0];
+      EXPECT_NEAR(got, want, 2e-4 * want) << "factor " << factor << " budget " << budget;
+      EXPECT_LE(dev->device_memory().peak, budget);
+    }
+  }
+  // Too large to factor within the budget: no factor, so the Gram form (which streams) is used.
+  EXPECT_TRUE(emulated(1u << 20)->gram_cholesky_upper(gram.data(), K).empty());
+  EXPECT_EQ(emulated(8u << 20)->gram_cholesky_upper(gram.data(), K).size(), size_t(K * K));
+}

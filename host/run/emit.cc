@@ -57,7 +57,9 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
   kernels::QuantResult q;
-  if (o.searches_clip()) {
+  if (searched.gptq) {
+    searched.gptq->quantize(pw, p.w, p.spec, s, q);
+  } else if (o.searches_clip()) {
     searched.clipper->quantize(pw, p.w, p.spec, s, q);
   } else if (s && !o.modelopt()) {
     // nibble mode: each block picks its clip ratio by the activation-weighted error, the weight of

@@ -25,10 +25,11 @@ void warn_inert_flags(const QuantizeOptions& o) {
   if (clip && !o.modelopt() && o.awqclip_bsz_col != 1024)
     spdlog::warn("--awqclip_bsz_col {}: no effect with --awq_mode nibble: its clip search works on the Gram "
                  "matrix, with no column chunks", o.awqclip_bsz_col);
-  if (!o.uses_gptq())
-    for (const auto& [on, flag] : {std::pair{o.gptq_percdamp != 0.01, "--gptq_percdamp"},
-                                   {o.gptq_act_order, "--gptq_act_order"}})
-      if (on) spdlog::warn("{}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", flag, name_of(o.algo));
+  if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
+    spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", o.gptq_percdamp,
+                 name_of(o.algo));
+  if (!o.uses_gptq() && o.gptq_act_order)
+    spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
   if (!lite && !clip && !o.uses_gptq() && !mixed_needs_calibration(o))
     for (const auto& [on, flag] : {std::pair{o.calib.use_random_calib, "--use_random_calib"},
                                    {o.calib.add_position_ids, "--add_position_ids"},
@@ -50,6 +51,9 @@ void validate_options(const QuantizeOptions& o) {
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
+  if (o.uses_gptq() && o.resolved_format() == Format::kQdq)
+    throw Error(std::string("--algo ") + name_of(o.algo) + " --format qdq: QuantizeLinear would round the float "
+                "weight again and lose GPTQ's error-compensated codes (use --format dq or matmulnbits)");
   if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
   if (o.uses_gptq() && o.modelopt())
     throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "

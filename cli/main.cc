@@ -24,7 +24,8 @@ constexpr const char* kAlgoHelp =
     "calibration, fastest. rtn: round-to-nearest, QuantizeLinear->DequantizeLinear on the float weight. "
     "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
     "ratio search on the calibration data. awq_full: awq_lite then awq_clip. gptq: GPTQ (each channel's rounding error compensated on the channels not "
-    "yet quantized, through the inverse of XᵀX from calibration). awq_gptq: awq_lite's scales, then GPTQ on W ⊙ s";
+    "yet quantized, through the inverse of XᵀX from calibration). awq_gptq: awq_lite's scales, then GPTQ on W ⊙ s. rtn_search: round-to-nearest where each block "
+    "picks the clip ratio and sign of its scale with the smallest weight error, no calibration";
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {

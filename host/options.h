@@ -13,7 +13,7 @@
 
 namespace nibble {
 
-enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq };
+enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch };
 // modelopt: ModelOpt's arithmetic and quirks, for bit-exact codes; nibble: its defects fixed.
 enum class AwqMode { kNibble, kModelopt };
 enum class Format { kDq, kQdq, kMatMulNBits };

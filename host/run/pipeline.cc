@@ -55,6 +55,8 @@ void validate_options(const QuantizeOptions& o) {
     throw Error(std::string("--algo ") + name_of(o.algo) + " --format qdq: QuantizeLinear would round the float "
                 "weight again and lose GPTQ's error-compensated codes (use --format dq or matmulnbits)");
   if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
+  if (o.algo == Algo::kRtnSearch && o.modelopt())
+    throw Error("--algo rtn_search --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
   if (o.uses_gptq() && o.modelopt())
     throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "
                 "no arithmetic of its to reproduce (use --awq_mode nibble)");

@@ -24,7 +24,9 @@ constexpr const char* kAlgoHelp =
     "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
     "calibration, fastest. rtn: round-to-nearest, QuantizeLinear->DequantizeLinear on the float weight. "
     "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
-    "ratio search on the calibration data. awq_full: awq_lite then awq_clip";
+    "ratio search on the calibration data. awq_full: awq_lite then awq_clip. gptq: GPTQ (each channel's rounding error compensated on the channels not "
+    "yet quantized, through the inverse of XᵀX from calibration). awq_gptq: awq_lite's scales, then GPTQ on W ⊙ s. rtn_search: round-to-nearest where each block "
+    "picks the clip ratio and sign of its scale with the smallest weight error, no calibration";
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
@@ -55,6 +57,13 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_option("--awqclip_alpha_min", o.awqclip_alpha_min, "AWQ-clip: smallest clip ratio")->capture_default_str();
   q.add_option("--awqclip_bsz_col", o.awqclip_bsz_col, "AWQ-clip: output columns per search chunk (modelopt mode: ModelOpt's chunk, which decides numpy's summation order for a one-column chunk)")
       ->capture_default_str();
+  q.add_option("--gptq_percdamp", o.gptq_percdamp,
+               "GPTQ: dampening added to the diagonal of XᵀX, as a share of its mean (AutoGPTQ's and ONNX Runtime's "
+               "default)")
+      ->capture_default_str();
+  q.add_flag("--gptq_act_order", o.gptq_act_order,
+             "GPTQ: quantize input channels by decreasing activation energy (blocks stay contiguous: each block's "
+             "scale is fixed when the sweep first reaches one of its channels)");
   q.add_option("--calibration_eps", o.calib.calibration_eps,
                "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
                "NvTensorRtRtx)")

@@ -13,7 +13,7 @@
 
 namespace nibble {
 
-enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq };
+enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch };
 // modelopt: ModelOpt's arithmetic and quirks, for bit-exact codes; nibble: its defects fixed.
 enum class AwqMode { kNibble, kModelopt };
 enum class Format { kDq, kQdq, kMatMulNBits };
@@ -34,6 +34,9 @@ struct QuantizeOptions {
   double awqclip_alpha_step = 0.05;
   double awqclip_alpha_min = 0.5;
   int64_t awqclip_bsz_col = 1024;
+  // GPTQ (nibble's own; AutoGPTQ's and ONNX Runtime's names and defaults)
+  double gptq_percdamp = 0.01;
+  bool gptq_act_order = false;
   bool enable_mixed_quant = false;
   std::string layers_8bit;
   std::string gather_quantize_axis;
@@ -58,9 +61,11 @@ struct QuantizeOptions {
 
   Format resolved_format() const;
   bool modelopt() const { return awq_mode == AwqMode::kModelopt; }
-  // awq_lite and awq_full search input scales s; awq_clip and awq_full search clip ratios.
-  bool searches_scales() const { return algo == Algo::kAwqLite || algo == Algo::kAwqFull; }
+  // awq_lite, awq_full and awq_gptq search input scales s; awq_clip and awq_full search clip ratios;
+  // gptq and awq_gptq quantize by GPTQ.
+  bool searches_scales() const { return algo == Algo::kAwqLite || algo == Algo::kAwqFull || algo == Algo::kAwqGptq; }
   bool searches_clip() const { return algo == Algo::kAwqClip || algo == Algo::kAwqFull; }
+  bool uses_gptq() const { return algo == Algo::kGptq || algo == Algo::kAwqGptq; }
   // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).
   MixedStrategy mixed_strategy() const;
 };

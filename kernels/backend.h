@@ -30,6 +30,25 @@ struct GramClipOptions {
   bool both_signs = true;  // symmetric: also try the negated scale (the extreme on code -2^(b-1))
 };
 
+// GPTQ's inverse-Hessian factor of one activation (gptq_factor): what every weight reading that
+// activation sweeps with.
+struct GptqFactor {
+  int64_t K = 0;
+  std::vector<int64_t> perm;   // sweep order: position i quantizes input channel perm[i]
+  std::vector<float> upper;    // U with H⁻¹ = UᵀU, H the damped Gram in sweep order: K x K row-major, upper
+  std::vector<float> energy;   // diag of the (scaled, undamped) Gram per input channel, in channel order
+  std::vector<uint8_t> dead;   // channels that are never active (zero diagonal): their weights become 0
+  double damp = 0;             // what was added to the diagonal
+};
+
+// How gptq_quantize fixes each group's scale when the sweep first reaches one of its channels: the
+// candidate clip ratios of the group's current (error-compensated) values, weighted by `energy`.
+struct GptqOptions {
+  std::vector<float> ratios{1.0f};
+  bool both_signs = true;  // symmetric: also the negated scale (the extreme on code -2^(b-1))
+  int64_t lazy_block = 128;  // channels per lazy batch of the fast kernel (no effect on the result's math)
+};
+
 // Device memory a backend may hold (its budget) and the most it held at once; zero for the CPU.
 struct DeviceMemoryUse {
   uint64_t budget = 0;
@@ -97,6 +116,19 @@ class Backend {
   virtual void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
                                   int64_t gram_block, const float* inv_s, const GramClipOptions& opt,
                                   QuantResult& out) = 0;
+
+  // ---- GPTQ (gptq_ref.h)
+  // The factor of H = diag(inv_s) XᵀX diag(inv_s) (inv_s null: 1) from a float64 K x K Gram matrix:
+  // dead channels get a unit diagonal, H += percdamp * mean(diag H) * I (10x more, up to 4 times, when
+  // H is still not positive definite), act_order sweeps channels by decreasing diag(H). Throws
+  // std::runtime_error when no dampening makes it factorisable.
+  virtual GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
+                                 bool act_order) = 0;
+  // GPTQ of one weight: channels quantized in f.perm order, each one's rounding error spread over the
+  // channels not yet quantized through U; block g's scale (and zero point) is fixed when the sweep first
+  // reaches one of its channels, from the block's values at that moment. sq_error: against w.
+  virtual void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f,
+                             const GptqOptions& opt, QuantResult& out) = 0;
 
   // ---- Packing (pack.h)
   // ONNX INT4/UINT4 raw_data (two codes a byte, low nibble first); 8 bits: unchanged.

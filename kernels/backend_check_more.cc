@@ -130,6 +130,28 @@ std::string check_packs(Backend& r, Backend& g, const Case& c, const check::Weig
   return {};
 }
 
+// GPTQ on both backends from their own factors: the same sweep order; float32 against float64
+// arithmetic may flip a rounding tie, so at most 1 code in 500 may differ and the error within 1%.
+std::string check_gptq(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+  const auto gram = check::gram(300, c.K, 41);
+  const auto inv_s = check::positive(c.K, 0.5f, 2.0f, 43);
+  GptqOptions opt;
+  opt.ratios = {1.0f, 0.9f, 0.8f};
+  for (bool act_order : {false, true}) {
+    const GptqFactor fr = r.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    const GptqFactor fg = g.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    if (fr.perm != fg.perm) return "sweep order differs";
+    QuantResult a, x;
+    r.gptq_quantize(w.m, c.spec(), fr, opt, a);
+    g.gptq_quantize(w.m, c.spec(), fg, opt, x);
+    size_t differ = 0;
+    for (size_t i = 0; i < a.codes.size(); ++i) differ += a.codes[i] != x.codes[i];
+    if (differ > a.codes.size() / 500) return std::to_string(differ) + " codes differ (bound 1 in 500)";
+    if (std::fabs(x.sq_error - a.sq_error) > 0.01 * a.sq_error) return "sq_error beyond 1%";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs) {
@@ -181,6 +203,7 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
   out.push_back(run("clip_search_modelopt", ref, b, select(cs, [](const Case& c) { return !c.zp && c.bits == 4; }),
                     check_clip_modelopt));
   out.push_back(run("clip_quantize_gram", ref, b, cs, check_clip_gram));
+  out.push_back(run("gptq", ref, b, select(cs, [](const Case& c) { return c.K == 200 && c.bits == 4; }), check_gptq));
   for (const char* op : {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points"}) {
     const std::string name = op;
     const auto keep = name == "pack_matmulnbits_zero_points" ? select(cs, [](const Case& c) { return c.zp; }) : cs;

@@ -57,8 +57,15 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
   kernels::QuantResult q;
-  if (o.searches_clip()) {
+  if (searched.gptq) {
+    searched.gptq->quantize(pw, p.w, p.spec, s, q);
+  } else if (o.searches_clip()) {
     searched.clipper->quantize(pw, p.w, p.spec, s, q);
+  } else if (o.algo == Algo::kRtnSearch) {
+    // No calibration: each block picks, among clip ratios of both signs (the block's extreme on the
+    // otherwise unused code -2^(b-1) included), the scale with the smallest weight error.
+    const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
+    backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
   } else if (s && !o.modelopt()) {
     // nibble mode: each block picks its clip ratio by the activation-weighted error, the weight of
     // input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).

@@ -25,7 +25,12 @@ void warn_inert_flags(const QuantizeOptions& o) {
   if (clip && !o.modelopt() && o.awqclip_bsz_col != 1024)
     spdlog::warn("--awqclip_bsz_col {}: no effect with --awq_mode nibble: its clip search works on the Gram "
                  "matrix, with no column chunks", o.awqclip_bsz_col);
-  if (!lite && !clip && !mixed_needs_calibration(o))
+  if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
+    spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", o.gptq_percdamp,
+                 name_of(o.algo));
+  if (!o.uses_gptq() && o.gptq_act_order)
+    spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
+  if (!lite && !clip && !o.uses_gptq() && !mixed_needs_calibration(o))
     for (const auto& [on, flag] : {std::pair{o.calib.use_random_calib, "--use_random_calib"},
                                    {o.calib.add_position_ids, "--add_position_ids"},
                                    {o.calib.no_position_ids, "--no_position_ids"}})
@@ -46,6 +51,15 @@ void validate_options(const QuantizeOptions& o) {
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
+  if (o.uses_gptq() && o.resolved_format() == Format::kQdq)
+    throw Error(std::string("--algo ") + name_of(o.algo) + " --format qdq: QuantizeLinear would round the float "
+                "weight again and lose GPTQ's error-compensated codes (use --format dq or matmulnbits)");
+  if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
+  if (o.algo == Algo::kRtnSearch && o.modelopt())
+    throw Error("--algo rtn_search --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
+  if (o.uses_gptq() && o.modelopt())
+    throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "
+                "no arithmetic of its to reproduce (use --awq_mode nibble)");
   if (o.awqlite_run_per_subgraph && o.modelopt() && o.algo == Algo::kAwqFull)
     throw Error("--awqlite_run_per_subgraph with --algo awq_full --awq_mode modelopt: ModelOpt refuses the "
                 "per-subgraph search with the clip search (use --awq_mode nibble)");

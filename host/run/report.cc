@@ -23,6 +23,8 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"awqclip_alpha_step", o.awqclip_alpha_step},
           {"awqclip_alpha_min", o.awqclip_alpha_min},
           {"awqclip_bsz_col", o.awqclip_bsz_col},
+          {"gptq_percdamp", o.gptq_percdamp},
+          {"gptq_act_order", o.gptq_act_order},
           {"calibration_eps", o.calib.calibration_eps},
           {"calib_size", o.calib.calib_size},
           {"dataset", o.calib.dataset},

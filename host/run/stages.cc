@@ -65,7 +65,7 @@ Planned plan_stage(const QuantizeOptions& o, OnnxModel& model) {
 }
 
 bool needs_calibration(const QuantizeOptions& o) {
-  return o.searches_scales() || o.searches_clip() || mixed_needs_calibration(o);
+  return o.searches_scales() || o.searches_clip() || o.uses_gptq() || mixed_needs_calibration(o);
 }
 
 Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend) {
@@ -97,6 +97,7 @@ Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& plann
     spdlog::info("clip search ({} mode): {:.1f} s{}", name_of(o.awq_mode), seconds_since(tk),
                  o.modelopt() ? "" : " (searched while quantizing)");
   }
+  if (o.uses_gptq()) s.gptq = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
   s.search_seconds = seconds_since(ts);
   return s;
 }

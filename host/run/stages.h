@@ -14,6 +14,7 @@
 #include "calib/calibration.h"
 #include "host/algo/awq.h"
 #include "host/algo/awq_clip.h"
+#include "host/algo/gptq.h"
 #include "host/algo/mixed_precision.h"
 #include "host/graph/plan.h"
 #include "host/graph/rewrite.h"
@@ -47,6 +48,7 @@ struct Searched {
   std::map<std::string, AwqChoice> choices;  // AWQ scale per weight (awq_lite, awq_full)
   std::map<std::string, AwqChoice> per_node;  // awq_full in modelopt mode: each node's own s*
   std::unique_ptr<ClipSearch> clipper;        // awq_clip, awq_full
+  std::unique_ptr<GptqQuantizer> gptq;        // gptq, awq_gptq
   double calibrate_seconds = 0, search_seconds = 0;
 };
 // Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).

@@ -1,5 +1,5 @@
 // The CPU backend (fast kernels) and the reference backend (scalar `*_ref` kernels): they differ in
-// RTN, the weighted clip search, the AWQ loss, the Cholesky factor and the Gram clip search.
+// RTN, the weighted clip search, the AWQ loss, the Cholesky factor, the Gram clip search and GPTQ.
 #include "kernels/cpu/cpu_backend.h"
 
 #include "kernels/cpu/awq_fast.h"
@@ -8,6 +8,8 @@
 #include "kernels/cpu/clip_fast.h"
 #include "kernels/cpu/clip_ref.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/gptq_fast.h"
+#include "kernels/cpu/gptq_ref.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
@@ -44,6 +46,14 @@ class CpuBackend final : public CpuCommon {
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
     kernels::clip_quantize_gram(w, spec, gram, gram_block, inv_s, opt, out);
   }
+  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
+                         bool act_order) override {
+    return gptq_factor_fast(gram, K, inv_s, percdamp, act_order);
+  }
+  void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
+                     QuantResult& out) override {
+    gptq_quantize_fast(w, spec, f, opt, out);
+  }
 };
 
 class ReferenceBackend final : public CpuCommon {
@@ -68,6 +78,14 @@ class ReferenceBackend final : public CpuCommon {
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
     clip_quantize_gram_ref(w, spec, gram, gram_block, inv_s, opt, out);
+  }
+  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
+                         bool act_order) override {
+    return gptq_factor_ref(gram, K, inv_s, percdamp, act_order);
+  }
+  void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
+                     QuantResult& out) override {
+    gptq_quantize_ref(w, spec, f, opt, out);
   }
 };
 

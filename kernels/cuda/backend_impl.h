@@ -5,7 +5,7 @@
 //
 // On the host, through `host_` (a reference backend): awq_scale (K values; a GPU's powf is not
 // libm's, and the codes depend on these bits), clip_search_modelopt and awq_weight_mean_joint
-// (ModelOpt-mode only, no device version yet).
+// (ModelOpt-mode only), gptq_factor and gptq_quantize: no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -53,6 +53,13 @@ class CudaBackend final : public Backend {
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
+  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp, bool act_order) override {
+    return host_->gptq_factor(gram, K, inv_s, percdamp, act_order);
+  }
+  void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
+                     QuantResult& out) override {
+    host_->gptq_quantize(w, spec, f, opt, out);
+  }
   std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override {
     return host_->awq_weight_mean_joint(siblings, block);
   }

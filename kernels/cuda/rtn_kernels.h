@@ -168,9 +168,9 @@ struct RtnRatiosBody {
 
 // nibble's Gram-form clip search (clip_quantize_gram_ref): each candidate's loss d_bᵀ G_bb d_b in
 // double, in the reference's order; gb holds the diagonal blocks [G, block, block] already scaled by
-// 1/(s_i s_j) and rounded to float. d_j is recomputed rather than kept: a per-thread array of a
-// block's length would live in local memory.
+// 1/(s_i s_j) and rounded to float.
 struct ClipGramBody {
+  static constexpr int64_t kCachedBlock = 128;
   WeightView w;
   BlockShape s;
   QuantOut o;
@@ -189,14 +189,21 @@ struct ClipGramBody {
     // When no loss is below +inf (a NaN or inf in the Gram block), candidate 0 stays.
     hd::Params best = candidate(ratios, R, 0, b.amax, b.mn, b.mx, s);
     double best_loss = INFINITY;
+    // The block's residuals, computed once per candidate when the block fits (blocks of up to 128,
+    // the usual case; a thread-local array in local memory), else recomputed in the inner loop: the
+    // same values either way, so the same loss.
+    float dl[kCachedBlock];
+    const bool cached = kn <= kCachedBlock;
     for (int64_t ci = 0; ci < C; ++ci) {
       const hd::Params p = candidate(ratios, R, ci, b.amax, b.mn, b.mx, s);
+      if (cached)
+        for (int64_t a = 0; a < kn; ++a) dl[a] = diff(k0 + a, n, p);
       double loss = 0;
       for (int64_t a = 0; a < kn; ++a) {
-        const double da = double(diff(k0 + a, n, p));
+        const double da = double(cached ? dl[a] : diff(k0 + a, n, p));
         const float* grow = gm + a * s.block;
         double gd = 0;
-        for (int64_t c = 0; c < kn; ++c) gd += double(grow[c]) * double(diff(k0 + c, n, p));
+        for (int64_t c = 0; c < kn; ++c) gd += double(grow[c]) * double(cached ? dl[c] : diff(k0 + c, n, p));
         loss += da * gd;
       }
       if (loss < best_loss) {

@@ -72,6 +72,8 @@ CASES = {
     "no_position_ids_without_input": (["--algo", "awq_lite", "--no_position_ids"], "--no_position_ids"),
     "add_position_ids_with_input": (["--algo", "awq_lite", "--add_position_ids"], "--add_position_ids"),
     "random_calib_rtn": (["--algo", "rtn_dq", "--use_random_calib"], "--use_random_calib"),
+    "gptq_act_order_rtn": (["--algo", "rtn_dq", "--gptq_act_order"], "--gptq_act_order"),
+    "gptq_percdamp_awq": (["--algo", "awq_lite", "--gptq_percdamp", "0.1"], "--gptq_percdamp 0.1"),
 }
 
 

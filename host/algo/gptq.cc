@@ -1,0 +1,43 @@
+#include "host/algo/gptq.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "host/algo/awq.h"
+#include "loaders/error.h"
+
+namespace nibble {
+
+GptqQuantizer::GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend)
+    : o_(o), calib_(calib), backend_(backend) {
+  opt_.ratios = block_clip_ratios();
+  opt_.both_signs = true;
+}
+
+void GptqQuantizer::quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
+                             const std::vector<float>* awq_scale, kernels::QuantResult& q) {
+  const std::vector<float> scale = awq_scale ? *awq_scale : std::vector<float>{};
+  if (pw.activation != activation_ || scale != scale_ || factor_.K != pw.K()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t block = 0;
+    const double* gram = calib_.gram_as_kept(pw.activation, pw.K(), &block);
+    if (block) throw Error("GPTQ needs the whole XᵀX of '" + pw.activation + "'; calibration kept only its blocks");
+    std::vector<float> inv(scale.size());
+    for (size_t k = 0; k < inv.size(); ++k) inv[k] = 1.0f / scale[k];
+    try {
+      factor_ = backend_.gptq_factor(gram, pw.K(), awq_scale ? inv.data() : nullptr, o_.gptq_percdamp,
+                                     o_.gptq_act_order);
+    } catch (const std::runtime_error& e) {
+      throw Error("'" + pw.activation + "': " + e.what());
+    }
+    calib_.release_gram(pw.activation);
+    activation_ = pw.activation;
+    scale_ = scale;
+    factor_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::debug("gptq: factor of {} (K = {}), dampening {:.4g}", pw.activation, pw.K(), factor_.damp);
+  }
+  backend_.gptq_quantize(w, spec, factor_, opt_, q);
+}
+
+}  // namespace nibble

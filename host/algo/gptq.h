@@ -1,0 +1,40 @@
+// GPTQ (Frantar et al. 2022) on the Gram matrix XᵀX that calibration keeps anyway: no token rows, no
+// extra calibration pass. Per activation, the inverse-Hessian factor of H = XᵀX (+ --gptq_percdamp of
+// its mean diagonal) is computed once and shared by every weight reading that activation; each weight
+// is then swept channel by channel (backend gptq_quantize). awq_gptq runs on W ⊙ s against X ⊘ s:
+// H scaled by 1/s on both sides. Each block's scale is chosen, when the sweep reaches the block, among
+// clip ratios of both signs by the error weighted with diag(H) (the activation energy of each channel).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "calib/calibration.h"
+#include "host/graph/plan.h"
+#include "host/options.h"
+#include "kernels/backend.h"
+
+namespace nibble {
+
+class GptqQuantizer {
+ public:
+  GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
+
+  // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_gptq; awq_scale: that s) into q.
+  void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
+                const std::vector<float>* awq_scale, kernels::QuantResult& q);
+
+  double factor_seconds() const { return factor_seconds_; }
+
+ private:
+  const QuantizeOptions& o_;
+  Calibration& calib_;
+  kernels::Backend& backend_;
+  kernels::GptqOptions opt_;
+  // The factor of the last activation (and scale) asked for: siblings come one after the other.
+  std::string activation_;
+  std::vector<float> scale_;
+  kernels::GptqFactor factor_;
+  double factor_seconds_ = 0;
+};
+
+}  // namespace nibble

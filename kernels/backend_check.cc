@@ -14,16 +14,7 @@ namespace {
 using check::Case;
 
 // Bitwise equality of two arrays (floats compared as bits: -0 and NaN payloads count).
-template <class T>
-std::string same(const std::vector<T>& want, const std::vector<T>& got, const std::string& what) {
-  if (want.size() != got.size())
-    return what + ": " + std::to_string(got.size()) + " values, reference " + std::to_string(want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    if (std::memcmp(&want[i], &got[i], sizeof(T)) != 0)
-      return what + " differs at " + std::to_string(i) + ": " + std::to_string(double(got[i])) + ", reference " +
-             std::to_string(double(want[i]));
-  return {};
-}
+using check::same;
 
 std::string close(double want, double got, double rel, const std::string& what) {
   if (std::fabs(got - want) <= rel * std::fabs(want) || (want == 0 && got == 0)) return {};
@@ -41,26 +32,10 @@ std::string same_quant(const QuantResult& want, const QuantResult& got) {
 }
 
 // One check: runs `body` per case, stopping at the first difference (labelled with the case).
-using Body = std::function<std::string(Backend& ref, Backend& b, const Case& c, const check::Weight& w)>;
+using check::Body;
 
 OpCheck run(const std::string& op, Backend& ref, Backend& b, const std::vector<Case>& cs, const Body& body) {
-  OpCheck r{op, 0, {}};
-  uint32_t seed = 1;
-  for (const Case& c : cs) {
-    const check::Weight w = check::make_weight(c, seed++);
-    std::string e;
-    try {
-      e = body(ref, b, c, w);
-    } catch (const std::exception& ex) {
-      e = std::string("threw: ") + ex.what();
-    }
-    ++r.cases;
-    if (!e.empty()) {
-      r.error = c.label() + ": " + e;
-      break;
-    }
-  }
-  return r;
+  return check::run_cases(op, ref, b, cs, body, 1);
 }
 
 std::vector<Case> symmetric_only(const std::vector<Case>& cs) {

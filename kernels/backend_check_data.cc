@@ -64,4 +64,25 @@ std::vector<float> positive(int64_t n, float lo, float hi, uint32_t seed) {
   return v;
 }
 
+OpCheck run_cases(const std::string& op, Backend& ref, Backend& b, const std::vector<Case>& cs, const Body& body,
+                  uint32_t first_seed) {
+  OpCheck r{op, 0, {}};
+  uint32_t seed = first_seed;
+  for (const Case& c : cs) {
+    const Weight w = make_weight(c, seed++);
+    std::string e;
+    try {
+      e = body(ref, b, c, w);
+    } catch (const std::exception& ex) {
+      e = std::string("threw: ") + ex.what();
+    }
+    ++r.cases;
+    if (!e.empty()) {
+      r.error = c.label() + ": " + e;
+      break;
+    }
+  }
+  return r;
+}
+
 }  // namespace nibble::kernels::check

@@ -2,10 +2,14 @@
 // blocks and outliers, Gram matrices of random tokens.
 #pragma once
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
+#include "kernels/backend_check.h"
 #include "kernels/quant_types.h"
 
 namespace nibble::kernels::check {
@@ -36,5 +40,23 @@ Weight make_weight(const Case& c, uint32_t seed);
 std::vector<double> gram(int64_t T, int64_t K, uint32_t seed);
 // Positive values in [lo, hi).
 std::vector<float> positive(int64_t n, float lo, float hi, uint32_t seed);
+
+// Whether two arrays hold the same bits; "" when they do, else what differs first.
+template <class T>
+std::string same(const std::vector<T>& want, const std::vector<T>& got, const std::string& what) {
+  if (want.size() != got.size())
+    return what + ": " + std::to_string(got.size()) + " values, reference " + std::to_string(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], sizeof(T)) != 0)
+      return what + " differs at " + std::to_string(i) + ": " + std::to_string(double(got[i])) + ", reference " +
+             std::to_string(double(want[i]));
+  return {};
+}
+
+// One check: runs `body` per case (a weight generated from first_seed on), stopping at the first
+// difference, labelled with the case.
+using Body = std::function<std::string(Backend& ref, Backend& b, const Case& c, const Weight& w)>;
+OpCheck run_cases(const std::string& op, Backend& ref, Backend& b, const std::vector<Case>& cs, const Body& body,
+                  uint32_t first_seed);
 
 }  // namespace nibble::kernels::check

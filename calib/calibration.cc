@@ -110,22 +110,57 @@ std::string settings_diff(const nlohmann::json& old, const nlohmann::json& now) 
 
 }  // namespace
 
+namespace {
+
+// Where the binary was installed (`cmake --install`, or the wheel): <prefix>/bin/nibble beside
+// <prefix>/share/nibble, the relative path fixed at configure time (NIBBLE_DATA_FROM_BIN). An
+// installed binary looks only there, so that it keeps working once the source tree is gone.
+fs::path installed_data_dir() {
+  std::error_code ec;
+  const fs::path d = (exe_dir() / NIBBLE_DATA_FROM_BIN).lexically_normal();
+  return fs::is_directory(d / "calib", ec) ? d : fs::path();
+}
+
+// A binary still in its CMake build folder (CMakeCache.txt beside it) uses the project beside the
+// build folder, else the source tree it was configured from.
+std::vector<fs::path> script_roots() {
+  if (fs::path d = installed_data_dir(); !d.empty()) return {d};
+  std::error_code ec;
+  if (fs::exists(exe_dir() / "CMakeCache.txt", ec)) return {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)};
+  return {};
+}
+
+}  // namespace
+
+// $NIBBLE_PYTHON; in a build folder, the project's .venv; installed, a python3 beside the binary (a
+// venv nibble was installed into), else `python3` from PATH. The scripts check their own imports
+// and name what is missing in one line.
 std::string python_executable() {
   if (const char* p = std::getenv("NIBBLE_PYTHON"); p && *p) return p;
-  for (const fs::path& root : {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)}) {
+  std::error_code ec;
+  if (!installed_data_dir().empty()) {
+    const fs::path beside = exe_dir() / "python3";
+    return fs::exists(beside, ec) ? beside.string() : "python3";
+  }
+  for (const fs::path& root : script_roots()) {
     const fs::path venv = root / ".venv" / "bin" / "python";
-    if (fs::exists(venv)) return venv.string();
+    if (fs::exists(venv, ec)) return venv.string();
   }
   return "python3";
 }
 
 std::string project_script(const char* env_var, const std::string& relative) {
   if (const char* p = std::getenv(env_var); p && *p) return p;
-  for (const fs::path& root : {exe_dir().parent_path(), fs::path(NIBBLE_SOURCE_DIR)}) {
+  const std::vector<fs::path> roots = script_roots();
+  std::error_code ec;
+  for (const fs::path& root : roots) {
     const fs::path s = root / relative;
-    if (fs::exists(s)) return s.string();
+    if (fs::exists(s, ec)) return s.string();
   }
-  throw Error("cannot find " + relative + " (set " + env_var + ")");
+  std::string looked;
+  for (const fs::path& root : roots.empty() ? std::vector<fs::path>{exe_dir() / NIBBLE_DATA_FROM_BIN} : roots)
+    looked += (looked.empty() ? "" : " or ") + (root / relative).lexically_normal().string();
+  throw Error("cannot find " + looked + " (install nibble with `cmake --install` or pip, or set " + env_var + ")");
 }
 
 std::string capture_script() { return project_script("NIBBLE_CALIB_SCRIPT", "calib/capture.py"); }
@@ -146,7 +181,8 @@ void run_child(const std::vector<std::string>& argv, const std::string& error_pr
   ::close(pipefd[1]);
   if (rc != 0) {
     ::close(pipefd[0]);
-    throw Error("cannot run " + argv[0] + ": " + errno_text(rc));
+    throw Error("cannot run " + argv[0] + ": " + errno_text(rc) +
+                " (set NIBBLE_PYTHON to a Python with nibble's requirements)");
   }
   std::string pending, last_error, last_line;
   char buf[4096];

@@ -106,11 +106,13 @@ class Calibration {
   const MappedFile& gram_map(const Entry& e);                            // checked against its size
 };
 
-// The Python interpreter and script nibble calls: $NIBBLE_PYTHON / $NIBBLE_CALIB_SCRIPT, else the
-// project's .venv and calib/capture.py next to the build.
+// The Python interpreter and script nibble calls: $NIBBLE_PYTHON / $NIBBLE_CALIB_SCRIPT, else, for an
+// installed binary, python3 and <prefix>/share/nibble/calib/capture.py; in a build folder, the
+// project's .venv and calib/capture.py beside the build or in the source tree.
 std::string python_executable();
 std::string capture_script();
-// A script of the project: $env_var, else `relative` under the build's parent or the source folder.
+// A script of the project: $env_var, else `relative` under <prefix>/share/nibble when installed, under
+// the build's parent or the source folder in a build folder.
 std::string project_script(const char* env_var, const std::string& relative);
 
 // Runs argv; stderr lines are passed through (unless quiet) and the last line starting with

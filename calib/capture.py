@@ -33,6 +33,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+REQUIREMENTS = os.path.join(HERE, "requirements.txt")
+
+
+def _check_requirements(names: tuple[str, ...]) -> None:
+    """One line naming what this Python lacks and how to fix it, before any import can fail with a
+    traceback (nibble may run a python3 that was never set up for it)."""
+    import importlib.util
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        print(f"calibration: the Python {sys.executable} lacks the package(s) {', '.join(missing)}: "
+              f"run `{sys.executable} -m pip install -r {REQUIREMENTS}`, or set NIBBLE_PYTHON to a Python "
+              f"that has them", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+_check_requirements(("numpy", "onnx", "onnxruntime"))
+
 # numpy's BLAS single-threaded on every path (the statistics' threads are ours, StatsRunner): a
 # multi-threaded ssyrk rounds differently, and the Gram matrix must not depend on the core count.
 os.environ["OPENBLAS_NUM_THREADS"] = "1"

@@ -35,12 +35,22 @@ import os
 import sys
 import time
 
-try:
-    import numpy as np
-except ImportError:  # one line, as every other error (the venv is made by scripts/setup)
-    print(f"eval: the Python package 'numpy' is not installed in {sys.executable} (run scripts/setup)",
-          file=sys.stderr)
-    sys.exit(2)
+
+def _check_requirements(names: tuple[str, ...]) -> None:
+    """One line naming what this Python lacks and how to fix it (nibble may run a python3 that was
+    never set up for it); the requirements file is installed beside calibration's scripts."""
+    import importlib.util
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        req = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "calib", "requirements.txt")
+        print(f"eval: the Python {sys.executable} lacks the package(s) {', '.join(missing)}: "
+              f"run `{sys.executable} -m pip install -r {req}`, or set NIBBLE_PYTHON to a Python that has them",
+              file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+_check_requirements(("numpy", "onnxruntime", "tokenizers"))
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

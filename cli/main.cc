@@ -205,6 +205,19 @@ CLI::App* add_eval_command(CLI::App& app, nibble::EvalOptions& eval_opts) {
 
 }  // namespace
 
+// The edge where the flags given as names become the options' enums (one-line errors naming the flag),
+// and the flags calibration shares with the run are copied into its options.
+static void type_choices(const NamedChoices& c, nibble::QuantizeOptions& o) {
+  o.algo = nibble::parse_algo(c.algo);
+  o.awq_mode = nibble::parse_awq_mode(c.awq_mode);
+  if (!c.format.empty()) o.format = nibble::parse_format(c.format);
+  o.device = nibble::parse_device(c.device);
+  if (!c.device_memory.empty()) o.device_memory = nibble::parse_size(c.device_memory, "--device_memory");
+  if (!c.mixed_strategy.empty()) o.mixed_strategy_flag = nibble::parse_mixed_strategy(c.mixed_strategy);
+  o.calib.threads = o.threads;
+  o.calib.quiet = o.quiet;
+}
+
 int main(int argc, char** argv) {
   nibble::reexec_for_better_blas(argv);  // before anything else is done twice
   auto logger = spdlog::stderr_color_st("nibble");
@@ -270,14 +283,7 @@ int main(int argc, char** argv) {
     };
     if (*quant) {
       drop_empty(opts.nodes_to_exclude);
-      opts.algo = nibble::parse_algo(choices.algo);
-      opts.awq_mode = nibble::parse_awq_mode(choices.awq_mode);
-      if (!choices.format.empty()) opts.format = nibble::parse_format(choices.format);
-      opts.device = nibble::parse_device(choices.device);
-      if (!choices.device_memory.empty()) opts.device_memory = nibble::parse_size(choices.device_memory, "--device_memory");
-      if (!choices.mixed_strategy.empty()) opts.mixed_strategy_flag = nibble::parse_mixed_strategy(choices.mixed_strategy);
-      opts.calib.threads = opts.threads;
-      opts.calib.quiet = opts.quiet;
+      type_choices(choices, opts);
       if (opts.quiet) spdlog::set_level(spdlog::level::warn);
       if (opts.verbose) spdlog::set_level(spdlog::level::debug);
       return nibble::run_quantize(opts);

@@ -50,36 +50,11 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios, const float* gram_upper) {
   use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N();
+  const LossWeight l = loss_weight(w, s, spec, gram32, clip_ratios != nullptr);
   QuantResult q;
-  WeightMatrix sw = w;
-  std::vector<uint8_t> scaled;
-  if (clip_ratios) {  // nibble: W ⊙ s kept in fp32, scales rounded to the weight dtype
-    std::vector<float> energy(static_cast<size_t>(K));
-    for (int64_t k = 0; k < K; ++k) energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
-    scaled = scale_weight_f32(w, s);
-    sw.dtype = DType::kFloat32;
-    sw.data = scaled.data();
-    QuantSpec fspec = spec;
-    fspec.scale_dtype = w.dtype;
-    rtn_quantize_weighted_fast(sw, fspec, energy.data(), *clip_ratios, q);
-  } else {
-    scaled = scale_weight(w, s);
-    sw.data = scaled.data();
-    rtn_quantize_fast(sw, spec, q);
-  }
-  // D = W - Ŵ / s in the logical [K, N] layout; Ŵ is what DequantizeLinear gives (weight dtype).
-  std::vector<float> d(size_t(K * N));
-  const int64_t G = q.groups;
-  parallel_for(K, [&](int64_t k) {
-    const int64_t g = k / spec.block;
-    for (int64_t n = 0; n < N; ++n) {
-      const size_t pi = w.param_index(G, g, n);
-      const size_t ci = w.index(k, n);
-      const int code = spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
-      const float deq = round_to(sw.dtype, float(code) * q.scales[pi]);
-      d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
-    }
-  });
+  if (clip_ratios) rtn_quantize_weighted_fast(l.w, l.spec, l.energy.data(), *clip_ratios, q);
+  else rtn_quantize_fast(l.w, l.spec, q);
+  std::vector<float> d = loss_residual(l, q, w_kn, s);
   constexpr int64_t kChunk = 256;  // each call repacks the Gram matrix: few, wide chunks
   if (gram_upper != nullptr) {
     // ‖U D‖² = tr(Dᵀ UᵀU D): U·D in place, column chunk by column chunk, summed per chunk in a fixed

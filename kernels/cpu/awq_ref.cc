@@ -192,36 +192,50 @@ std::vector<float> gram_cholesky_upper_ref(const double* gram, int64_t K) {
   return {};
 }
 
+LossWeight loss_weight(const WeightMatrix& w, const float* s, const QuantSpec& spec, const float* gram32,
+                       bool clip) {
+  const int64_t K = w.K();
+  LossWeight l;
+  l.w = w;
+  l.spec = spec;
+  if (clip) {  // W ⊙ s in fp32, scales rounded to the weight dtype, per-block clip ratio
+    l.energy.resize(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) l.energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
+    l.bytes = scale_weight_f32(w, s);
+    l.w.dtype = DType::kFloat32;
+    l.spec.scale_dtype = w.dtype;
+  } else {
+    l.bytes = scale_weight(w, s);
+  }
+  l.w.data = l.bytes.data();
+  return l;
+}
+
+std::vector<float> loss_residual(const LossWeight& l, const QuantResult& q, const std::vector<float>& w_kn,
+                                 const float* s) {
+  const int64_t K = l.w.K(), N = l.w.N();
+  std::vector<float> d(size_t(K * N));
+  parallel_for(K, [&](int64_t k) {
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t pi = l.w.param_index(q.groups, k / l.spec.block, n), ci = l.w.index(k, n);
+      const int code = l.spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
+      const float deq = round_to(l.w.dtype, float(code) * q.scales[pi]);
+      d[size_t(k * N + n)] = w_kn[size_t(k * N + n)] - deq / s[k];
+    }
+  });
+  return d;
+}
+
 double awq_loss_ref(const WeightMatrix& w, const float* s, const QuantSpec& spec, const float* gram32, int64_t rows,
                     const std::vector<float>* clip_ratios) {
   const int64_t K = w.K(), N = w.N();
-  const std::vector<float> w_kn = logical_weight(w);
+  const LossWeight l = loss_weight(w, s, spec, gram32, clip_ratios != nullptr);
   QuantResult q;
-  WeightMatrix sw = w;
-  std::vector<uint8_t> scaled;
-  if (clip_ratios) {  // W ⊙ s in fp32, scales rounded to the weight dtype, per-block clip ratio
-    std::vector<float> energy(static_cast<size_t>(K));
-    for (int64_t k = 0; k < K; ++k) energy[size_t(k)] = gram32[k * K + k] / (s[k] * s[k]);
-    scaled = scale_weight_f32(w, s);
-    sw.dtype = DType::kFloat32;
-    sw.data = scaled.data();
-    QuantSpec fspec = spec;
-    fspec.scale_dtype = w.dtype;
-    rtn_quantize_weighted(sw, fspec, energy.data(), *clip_ratios, q);
-  } else {
-    scaled = scale_weight(w, s);
-    sw.data = scaled.data();
-    rtn_quantize_ref(sw, spec, q);
-  }
+  if (clip_ratios) rtn_quantize_weighted(l.w, l.spec, l.energy.data(), *clip_ratios, q);
+  else rtn_quantize_ref(l.w, l.spec, q);
   // D = W - Ŵ / s (logical [K, N]); loss = Σ_n dₙᵀ G dₙ in float64.
-  std::vector<double> d(size_t(K * N));
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t n = 0; n < N; ++n) {
-      const size_t pi = sw.param_index(q.groups, k / spec.block, n), ci = sw.index(k, n);
-      const int code = spec.zero_point ? int(q.codes[ci]) - int(q.zero_points[pi]) : int(int8_t(q.codes[ci]));
-      const float deq = round_to(sw.dtype, float(code) * q.scales[pi]);
-      d[size_t(k * N + n)] = double(w_kn[size_t(k * N + n)] - deq / s[k]);
-    }
+  const std::vector<float> df = loss_residual(l, q, logical_weight(w), s);
+  const std::vector<double> d(df.begin(), df.end());
   double sum = 0;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t i = 0; i < K; ++i) {

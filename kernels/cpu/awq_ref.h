@@ -49,6 +49,22 @@ std::vector<float> channel_energy(const double* gram, int64_t K, const float* s)
 // shifts as gram_cholesky_upper (awq_fast.h); empty when even the last shift fails.
 std::vector<float> gram_cholesky_upper_ref(const double* gram, int64_t K);
 
+// What the AWQ loss quantizes for scale s: W ⊙ s rounded to w.dtype (plain RTN), or with `clip` in
+// fp32 with scales rounded to w.dtype and the per-channel clip weight diag(gram32)[k] / s[k]²
+// (`energy`, for rtn_quantize_weighted). `w` points into `bytes`.
+struct LossWeight {
+  std::vector<uint8_t> bytes;
+  WeightMatrix w;
+  QuantSpec spec;
+  std::vector<float> energy;
+};
+LossWeight loss_weight(const WeightMatrix& w, const float* s, const QuantSpec& spec, const float* gram32, bool clip);
+
+// D = W - Ŵ / s in the logical [K, N] layout, Ŵ = the dequantized q of l as DequantizeLinear gives it
+// (in l's dtype); w_kn is logical_weight of the original weight.
+std::vector<float> loss_residual(const LossWeight& l, const QuantResult& q, const std::vector<float>& w_kn,
+                                 const float* s);
+
 // The AWQ loss of scale s for weight w (stored layout) against gram32 (XᵀX, K x K float32) over
 // `rows` tokens, summed in float64. The scaled weight is quantized as the final weight is: without
 // clip_ratios W ⊙ s rounded to w.dtype and plain RTN; with them W ⊙ s in fp32 and each block picking

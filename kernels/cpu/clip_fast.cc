@@ -16,21 +16,9 @@
 #include "kernels/parallel.h"
 
 namespace nibble::kernels {
-namespace {
-
-constexpr int L = 16;  // output columns processed side by side (one SIMD lane each)
-
-
-void check(const QuantSpec& spec) {
-  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
-  if (spec.block <= 0) throw std::invalid_argument("block must be positive");
-}
-
-}  // namespace
-
 void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                         const float* inv_s, const GramClipOptions& opt, QuantResult& out, std::vector<float>* chosen) {
-  check(spec);
+  check_spec(spec);
   if (gram_block != 0 && gram_block != spec.block) throw std::invalid_argument("gram_block must be 0 or the block");
   use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);

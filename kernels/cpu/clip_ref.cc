@@ -16,16 +16,12 @@ namespace {
 constexpr int L = 16;  // output columns processed side by side (one SIMD lane each)
 
 
-void check(const QuantSpec& spec) {
-  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
-  if (spec.block <= 0) throw std::invalid_argument("block must be positive");
-}
 
 }  // namespace
 
 std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
                                         const std::vector<double>& ratios, int64_t bsz_col) {
-  check(spec);
+  check_spec(spec);
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   const DType dt = w.dtype;
   const int64_t R = int64_t(ratios.size());
@@ -111,7 +107,7 @@ std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& 
 }
 
 void rtn_quantize_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) {
-  check(spec);
+  check_spec(spec);
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   const DType dt = w.dtype;
   out.groups = G;
@@ -163,7 +159,7 @@ BlockParams clip_candidate(const std::vector<float>& ratios, int64_t ci, float a
 void clip_quantize_gram_ref(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                             const float* inv_s, const GramClipOptions& opt, QuantResult& out,
                             std::vector<float>* chosen) {
-  check(spec);
+  check_spec(spec);
   if (gram_block != 0 && gram_block != spec.block) throw std::invalid_argument("gram_block must be 0 or the block");
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   const DType dt = w.dtype, st = scale_type(spec, w.dtype);

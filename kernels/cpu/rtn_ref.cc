@@ -21,6 +21,11 @@ constexpr int64_t kRowsPerTile = 16;    // axis-1 tiles: this many output channe
 
 }  // namespace
 
+void check_spec(const QuantSpec& spec) {
+  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (spec.block <= 0) throw std::invalid_argument("block must be positive");
+}
+
 float min_scale(DType t) { return round_to(t, 1e-5f); }
 
 BlockParams block_params_symmetric(float amax, int bits, DType t) {
@@ -57,8 +62,7 @@ float dequantize_value(uint8_t code, const BlockParams& p, int bits, bool zero_p
 }
 
 void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
-  if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
-  if (spec.block <= 0) throw std::invalid_argument("block must be positive");
+  check_spec(spec);
   const int64_t K = w.K(), N = w.N(), bs = spec.block;
   const int64_t G = num_blocks(K, bs);
   const bool zp = spec.zero_point;

@@ -16,6 +16,9 @@ struct BlockParams {
   uint8_t zero_point = 0;
 };
 
+// Throws std::invalid_argument unless bits is 4 or 8 and the block positive.
+void check_spec(const QuantSpec& spec);
+
 // The smallest scale, ModelOpt's CLIP_MIN = 1e-5 in the weight dtype.
 float min_scale(DType t);
 

@@ -293,3 +293,41 @@ def test_tied_odd_block_count_with_zero_point_packs_its_own_zero_points(nibble, 
     table_hat = ((codes - np.repeat(z.reshape(V, 3).astype(np.float64), 32, axis=1)) * s).astype(np.float32)
     got = ort_run(g.path, {"input_ids": IDS})
     assert np.array_equal(got["embeds"], table_hat[IDS])
+
+
+def make_gemm_tied_model() -> onnx.ModelProto:
+    """lm_head as Gemm(transB=1) reading the embedding initializer itself."""
+    rng = np.random.default_rng(8)
+    emb = M.make_weight(rng, V, H, "fp32")
+    nodes = [helper.make_node("Gather", [EMB, "input_ids"], ["embeds"], name="/model/embed_tokens/Gather"),
+             helper.make_node("Reshape", ["embeds", "flat"], ["h"], name="/model/flatten"),
+             helper.make_node("Gemm", ["h", EMB], ["logits"], name="/lm_head/Gemm", transB=1)]
+    graph = helper.make_graph(
+        nodes, "nibble_test_gemm_tied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", V]),
+         helper.make_tensor_value_info("embeds", TensorProto.FLOAT, ["N", H])],
+        initializer=[numpy_helper.from_array(emb, EMB), numpy_helper.from_array(np.array([-1, H], np.int64), "flat")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_same_initializer_under_gemm_transb_is_shared(nibble, tmp_path):
+    src = M.build_cached(str(tmp_path / "m"), "gemm_tied", make_gemm_tied_model)
+    g, r = quantize(nibble, src, tmp_path, "--format", "matmulnbits", "--nodes_to_exclude", "", "--block_size", "32",
+                    "--gather_quantize_axis", "1")
+    assert "tied to model.embed_tokens.weight: GatherBlockQuantized reads" in r.stderr
+    head = [n for n in g.node_list if n.op_type == "MatMulNBits"][0]
+    gbq = g.nodes["/model/embed_tokens/GatherBlockQuantized"]
+    assert g.producers(gbq.input[0])[0].input[0] == head.input[1] and EMB not in g.inits
+    ids = np.array([0, 5, 299], np.int64)
+    got = ort_run(g.path, {"input_ids": ids})
+    table_hat = ((unpack_b(g, head.input[1])[:, :H].astype(np.float64) - 8) *
+                 np.repeat(g.array(head.input[2]).astype(np.float64), 32, axis=1)).astype(np.float32)
+    assert np.array_equal(got["embeds"], table_hat[ids])
+
+
+def test_tied_in_dq_is_stored_twice(nibble, emb_models, tmp_path):
+    src = emb_models[("fp32", True)]
+    g, r = quantize(nibble, src, tmp_path, "--nodes_to_exclude", "", "--gather_quantize_axis", "1")
+    assert "quantized on its own ('lm_head.MatMul.weight' was not written as MatMulNBits)" in r.stderr
+    assert {EMB + "_i4", "lm_head.MatMul.weight_i4"} <= set(g.inits)
+    assert EMB not in g.inits and "lm_head.MatMul.weight" not in g.inits

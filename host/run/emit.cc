@@ -125,11 +125,12 @@ void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight
 // A table tied to a weight quantized without an AWQ scale shares that weight's MatMulNBits
 // tensors; true when it did (its report entry points at the weight it shares).
 bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vector<float>>& awq_scales,
-                 GraphRewriter& rewriter, Emitted& e) {
+                 const std::map<std::string, std::vector<float>>& column_divisors, GraphRewriter& rewriter, Emitted& e) {
   if (pw.tied_to.empty()) return false;
   std::string why;
   uint64_t bytes = 0;
-  if (awq_scales.count(pw.tied_to)) why = "'" + pw.tied_to + "' carries an AWQ input scale the lookup must not see";
+  if (awq_scales.count(pw.tied_to) || column_divisors.count(pw.tied_to))
+    why = "'" + pw.tied_to + "' carries an AWQ scale the lookup must not see";
   else if (rewriter.emit_shared_table(pw, &bytes, &why)) {
     nlohmann::json entry;
     for (const auto& w : e.weights)
@@ -144,8 +145,9 @@ bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vecto
     e.elements += n;
     e.sq_error += entry["mse"].get<double>() * double(n);
     e.weights.push_back(entry);
-    spdlog::info("{}: tied to {}: GatherBlockQuantized reads its MatMulNBits data (one quantized copy, "
-                 "its block {} and zero point)", pw.weight, pw.tied_to, entry["block_size"].dump());
+    spdlog::info("{}: tied to {}: GatherBlockQuantized reads its MatMulNBits data (one quantized copy: its "
+                 "bits, blocks, scales{}; --gather_block_size does not apply)", pw.weight, pw.tied_to,
+                 entry["zero_point"].get<bool>() ? ", zero points" : "");
     return true;
   }
   spdlog::info("{}: tied to {} but quantized on its own ({})", pw.weight, pw.tied_to, why);
@@ -211,10 +213,11 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   }
   for (const auto& pw : plan.gathers) {
     const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
-    if (!emit_shared(pw, scales, rewriter, e)) emit_gather(o, model, pw, rewriter, backend, e);
+    if (!emit_shared(pw, scales, column_divisors, rewriter, e)) emit_gather(o, model, pw, rewriter, backend, e);
+    const nlohmann::json& done = e.weights.back();
     progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
-                      dtype_name(pw.dtype) + " embedding -> int4 " + human_bytes(in) + " -> " +
-                      human_bytes(e.weights.back()["bytes_out"].get<uint64_t>()),
+                      dtype_name(pw.dtype) + " embedding -> int" + done["bits"].dump() + " " + human_bytes(in) +
+                      " -> " + human_bytes(done["bytes_out"].get<uint64_t>()),
                   in);
   }
   progress.finish();

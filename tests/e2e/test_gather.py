@@ -331,3 +331,21 @@ def test_tied_in_dq_is_stored_twice(nibble, emb_models, tmp_path):
     assert "quantized on its own ('lm_head.MatMul.weight' was not written as MatMulNBits)" in r.stderr
     assert {EMB + "_i4", "lm_head.MatMul.weight_i4"} <= set(g.inits)
     assert EMB not in g.inits and "lm_head.MatMul.weight" not in g.inits
+
+
+def test_tied_int8_lm_head_shares_at_8_bits(nibble, emb_models, tmp_path):
+    """--layers_8bit lm_head: the shared table is read at 8 bits (uint8 data, default zero point 128)."""
+    src = emb_models[("fp32", True)]
+    g, r = quantize(nibble, src, tmp_path, "--format", "matmulnbits", "--nodes_to_exclude", "", "--layers_8bit",
+                    "lm_head", "--gather_quantize_axis", "1")
+    assert "--gather_block_size does not apply" in r.stderr
+    gbq = g.nodes["/model/embed_tokens/GatherBlockQuantized"]
+    head = g.nodes["/lm_head/MatMulNBits"]
+    assert attrs(gbq)["bits"] == 8 and attrs(gbq)["block_size"] == attrs(head)["block_size"]
+    assert g.producers(gbq.input[0])[0].input[0] == head.input[1]
+    b = g.array(head.input[1]).reshape(V, -1)[:, :H].astype(np.float64)
+    s = np.repeat(g.array(head.input[2]).astype(np.float64), attrs(head)["block_size"], axis=1)[:, :H]
+    table_hat = ((b - 128) * s).astype(np.float32)
+    got = ort_run(g.path, {"input_ids": IDS})["embeds"]
+    assert np.array_equal(got, table_hat[IDS])
+    assert np.abs(got - table(src)[IDS]).max() < np.abs(table(src)).max() / 127  # within one INT8 step

@@ -59,7 +59,8 @@ int run_inspect(const std::string& model_path, const std::vector<std::string>& n
                 pw.node_name.c_str(), human_bytes(in).c_str(), human_bytes(out).c_str(),
                 static_cast<long long>(pw.block), pw.k_axis,
                 pw.tied_to.empty() ? ""
-                                   : ("; tied to " + pw.tied_to + " (one copy with --format matmulnbits)").c_str());
+                                   : ("; tied to " + pw.tied_to + " (one copy in --format matmulnbits when H is a "
+                                      "multiple of its --block_size)").c_str());
   }
   if (!plan.skipped.empty()) {
     std::printf("\nleft as they are:\n");

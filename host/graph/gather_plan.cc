@@ -21,8 +21,10 @@ std::string why_not(const OnnxModel& model, const onnx::NodeProto& n, const Excl
   const DType dt = static_cast<DType>(t.data_type());
   if (t.dims_size() != 2) return "data '" + t.name() + "' has rank " + std::to_string(t.dims_size()) + ", not 2";
   if (dt == DType::kFloat64)
-    throw Error("embedding '" + t.name() + "' of node '" + n.name() + "' is fp64: nibble quantizes fp32, fp16 and bf16");
-  if (!is_quantizable_float(dt)) return "data '" + t.name() + "' is " + dtype_name(t.data_type()) + ", not a float type";
+    throw Error("embedding '" + t.name() + "' of node '" + n.name() +
+                "' is fp64: nibble quantizes fp32, fp16 and bf16");
+  if (!is_quantizable_float(dt))
+    return "data '" + t.name() + "' is " + dtype_name(t.data_type()) + ", not a float type";
   if (t.dims(0) == 0 || t.dims(1) == 0) return "data '" + t.name() + "' is empty";
   if (model.initializer(n.input(1))) return "both inputs are constants";
   if (int_attr(n, "axis", 0) != 0) return "gathers along axis " + std::to_string(int_attr(n, "axis", 0)) + ", not 0";

@@ -125,7 +125,8 @@ void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight
 // A table tied to a weight quantized without an AWQ scale shares that weight's MatMulNBits
 // tensors; true when it did (its report entry points at the weight it shares).
 bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vector<float>>& awq_scales,
-                 const std::map<std::string, std::vector<float>>& column_divisors, GraphRewriter& rewriter, Emitted& e) {
+                 const std::map<std::string, std::vector<float>>& column_divisors, GraphRewriter& rewriter,
+                 Emitted& e) {
   if (pw.tied_to.empty()) return false;
   std::string why;
   uint64_t bytes = 0;

@@ -30,7 +30,8 @@ constexpr const char* kAlgoHelp =
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
-  std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory;
+  std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory,
+      gather_quantize_axis;
 };
 
 void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
@@ -92,9 +93,13 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_option("--mixed_budget", o.mixed_budget,
                "sensitivity: share of the weights' elements at 8 bits (0..1) or an output size such as 300MB or "
                "1.2GiB (default: the size ModelOpt's default choice gives)");
-  q.add_option("--gather_quantize_axis", o.gather_quantize_axis, "Quantize Gather (embedding) data along this axis "
-               "(not implemented yet)");
-  q.add_option("--gather_block_size", o.gather_block_size, "Block size for Gather quantization")
+  q.add_option("--gather_quantize_axis", c.gather_quantize_axis,
+               "Quantize the constant 2-D data of Gather nodes (the embedding table [V, H]) to INT4 in blocks "
+               "along this axis (1: along H, each token's row in blocks; 0: along V). Absent: embeddings stay "
+               "float. --format matmulnbits writes com.microsoft.GatherBlockQuantized, dq/qdq "
+               "DequantizeLinear -> Gather");
+  q.add_option("--gather_block_size", o.gather_block_size,
+               "Block size for Gather quantization (a power of two >= 16; needs --gather_quantize_axis)")
       ->capture_default_str();
   q.add_flag("--use_column_major", o.use_column_major, "Store DQ weights transposed (not implemented yet)");
   q.add_option("--nodes_to_exclude", o.nodes_to_exclude,
@@ -213,6 +218,7 @@ static void type_choices(const NamedChoices& c, nibble::QuantizeOptions& o) {
   if (!c.format.empty()) o.format = nibble::parse_format(c.format);
   o.device = nibble::parse_device(c.device);
   if (!c.device_memory.empty()) o.device_memory = nibble::parse_size(c.device_memory, "--device_memory");
+  if (!c.gather_quantize_axis.empty()) o.gather_quantize_axis = nibble::parse_gather_axis(c.gather_quantize_axis);
   if (!c.mixed_strategy.empty()) o.mixed_strategy_flag = nibble::parse_mixed_strategy(c.mixed_strategy);
   o.calib.threads = o.threads;
   o.calib.quiet = o.quiet;
@@ -248,6 +254,10 @@ int main(int argc, char** argv) {
   inspect->add_option("model", inspect_path, "ONNX model")->required();
   inspect->add_option("--nodes_to_exclude", inspect_exclude, "As for quantize")->capture_default_str();
   inspect->add_option("--block_size", inspect_block, "As for quantize")->capture_default_str();
+  std::string inspect_gather_axis;
+  int64_t inspect_gather_block = 32;
+  inspect->add_option("--gather_quantize_axis", inspect_gather_axis, "As for quantize");
+  inspect->add_option("--gather_block_size", inspect_gather_block, "As for quantize")->capture_default_str();
 
   nibble::EvalOptions eval_opts;
   CLI::App* eval = add_eval_command(app, eval_opts);
@@ -293,7 +303,9 @@ int main(int argc, char** argv) {
       return nibble::run_selftest(nibble::parse_device(selftest_device),
                                   selftest_memory.empty() ? 0 : nibble::parse_size(selftest_memory, "--device_memory"));
     drop_empty(inspect_exclude);
-    return nibble::run_inspect(inspect_path, inspect_exclude, inspect_block);
+    std::optional<int> gather_axis;
+    if (!inspect_gather_axis.empty()) gather_axis = nibble::parse_gather_axis(inspect_gather_axis);
+    return nibble::run_inspect(inspect_path, inspect_exclude, inspect_block, gather_axis, inspect_gather_block);
   } catch (const nibble::Error& e) {
     std::fprintf(stderr, "nibble: error: %s\n", e.what());
   } catch (const std::bad_alloc&) {

@@ -49,6 +49,12 @@ constexpr std::pair<const char*, MixedStrategy> kStrategyNames[] = {
 Algo parse_algo(const std::string& s) { return parse_name(s, "--algo", kAlgos); }
 AwqMode parse_awq_mode(const std::string& s) { return parse_name(s, "--awq_mode", kModes); }
 Format parse_format(const std::string& s) { return parse_name(s, "--format", kFormats); }
+
+int parse_gather_axis(const std::string& s) {
+  for (const auto& [text, axis] : {std::pair{"0", 0}, {"1", 1}, {"-2", 0}, {"-1", 1}})
+    if (s == text) return axis;
+  throw Error("--gather_quantize_axis " + s + " is not an axis of a 2-D embedding table (choose 0 or 1)");
+}
 kernels::Device parse_device(const std::string& s) { return parse_name(s, "--device", kDevices); }
 MixedStrategy parse_mixed_strategy(const std::string& s) { return parse_name(s, "--mixed_strategy", kStrategies); }
 const char* name_of(Algo a) { return name_in(a, kAlgos); }

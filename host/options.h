@@ -39,7 +39,7 @@ struct QuantizeOptions {
   bool gptq_act_order = false;
   bool enable_mixed_quant = false;
   std::string layers_8bit;
-  std::string gather_quantize_axis;
+  std::optional<int> gather_quantize_axis;  // axis of the [V, H] table the blocks run along; absent: float
   int64_t gather_block_size = 32;
   bool use_column_major = false;
   std::vector<std::string> nodes_to_exclude{"/lm_head"};
@@ -74,6 +74,8 @@ struct QuantizeOptions {
 Algo parse_algo(const std::string& s);
 AwqMode parse_awq_mode(const std::string& s);
 Format parse_format(const std::string& s);
+// --gather_quantize_axis: 0 or 1 (-2 / -1 count from the back of the 2-D table), one-line error otherwise.
+int parse_gather_axis(const std::string& s);
 kernels::Device parse_device(const std::string& s);
 MixedStrategy parse_mixed_strategy(const std::string& s);
 const char* name_of(Algo a);

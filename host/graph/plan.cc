@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "host/graph/gather_plan.h"
 #include "loaders/error.h"
 
 namespace nibble {
@@ -66,10 +67,6 @@ int layer_index(const std::string& name) {
   return -1;
 }
 
-namespace {
-
-using Excludes = std::vector<std::pair<std::string, std::regex>>;
-
 Excludes compile_excludes(const std::vector<std::string>& patterns) {
   Excludes excludes;
   for (const auto& p : patterns) {
@@ -82,15 +79,22 @@ Excludes compile_excludes(const std::vector<std::string>& patterns) {
   return excludes;
 }
 
+const std::string* excluded_by(const Excludes& excludes, const std::string& name) {
+  for (const auto& [pattern, re] : excludes)
+    if (std::regex_search(name, re, std::regex_constants::match_continuous)) return &pattern;
+  return nullptr;
+}
+
+namespace {
+
 // The constant 2-D float weight node n multiplies by, or null; *why is set when n is skipped for a
 // reason worth reporting (an activation x activation MatMul is not reported: it has no weight).
 const onnx::TensorProto* weight_of(const OnnxModel& model, const onnx::NodeProto& n, const Excludes& excludes,
                                    std::string* why) {
-  for (const auto& [pattern, re] : excludes)
-    if (std::regex_search(n.name(), re, std::regex_constants::match_continuous)) {
-      *why = "excluded by --nodes_to_exclude '" + pattern + "'";
-      return nullptr;
-    }
+  if (const std::string* pattern = excluded_by(excludes, n.name())) {
+    *why = "excluded by --nodes_to_exclude '" + *pattern + "'";
+    return nullptr;
+  }
   const onnx::TensorProto* w = model.initializer(n.input(1));
   if (!w) return nullptr;
   const DType dt = static_cast<DType>(w->data_type());
@@ -174,6 +178,8 @@ Plan make_plan(const OnnxModel& model, const PlanOptions& options) {
     plan.weights.push_back(planned_weight(n, i, *w, k_axis, options));
   }
   finish_plan(g, conflicting, plan);
+  if (options.gather_axis) plan_gathers(model, options, excludes, plan);
+  else note_float_gathers(model, plan);
   return plan;
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@ struct PlannedWeight {
   std::string role;               // e.g. "attn/qkv_proj"
   int bits = 4;
   int64_t block = 128;            // requested block (-1: per channel)
+  std::string tied_to;            // a table: the planned MatMul/Gemm weight holding the same values
 
   int64_t K() const { return k_axis == 0 ? rows : cols; }
   int64_t N() const { return k_axis == 0 ? cols : rows; }
@@ -40,6 +43,9 @@ struct SkippedNode {
 
 struct Plan {
   std::vector<PlannedWeight> weights;
+  // Embedding tables: constant 2-D data of Gather nodes (op_type "Gather", nodes = the Gathers,
+  // k_axis = the quantize axis, so the blocks and scale layouts are DequantizeLinear's).
+  std::vector<PlannedWeight> gathers;
   std::vector<SkippedNode> skipped;
   std::map<std::string, std::vector<size_t>> siblings;  // activation -> weights reading it
 };
@@ -48,7 +54,15 @@ struct PlanOptions {
   std::vector<std::string> nodes_to_exclude;  // regexes matched at the start of node names
   int64_t block_size = 128;
   int bits = 4;
+  std::optional<int> gather_axis;  // absent: Gather data stays float
+  int64_t gather_block = 32;
 };
+
+// --nodes_to_exclude compiled: (pattern, regex) pairs; Error for a bad regex.
+using Excludes = std::vector<std::pair<std::string, std::regex>>;
+Excludes compile_excludes(const std::vector<std::string>& patterns);
+// The pattern that excludes node `name` (matched at its start), or null.
+const std::string* excluded_by(const Excludes& excludes, const std::string& name);
 
 // Throws Error for a bad regex or a weight nibble cannot take (fp64).
 Plan make_plan(const OnnxModel& model, const PlanOptions& options);

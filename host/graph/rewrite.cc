@@ -1,5 +1,7 @@
 #include "host/graph/rewrite.h"
 
+#include <cstring>
+
 #include "host/graph/opset.h"
 #include "loaders/error.h"
 
@@ -100,11 +102,12 @@ Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& sp
                            const kernels::QuantResult& q, uint64_t* bytes_out) {
   const uint64_t before = bytes_;
   Format used = format_;
-  if (format_ == Format::kMatMulNBits) {
+  if (format_ == Format::kMatMulNBits && pw.op_type != "Gather") {
     for (int i : pw.nodes)
       if (!gemm_fits_matmulnbits(model_.graph().node(i), pw.N())) used = Format::kDq;
   }
-  if (used == Format::kMatMulNBits) emit_matmulnbits(pw, spec, q);
+  if (used == Format::kMatMulNBits && pw.op_type == "Gather") emit_gather_block_quantized(pw, spec, q);
+  else if (used == Format::kMatMulNBits) emit_matmulnbits(pw, spec, q);
   else emit_dq(pw, spec, q, used == Format::kQdq);
   if (!pw.keep_float && used != Format::kQdq) removed_.insert(pw.weight);
   if (bytes_out) *bytes_out = bytes_ - before;
@@ -163,7 +166,104 @@ void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& s
   dq.add_output(out);
   attrs(dq);
   inserted.push_back(std::move(dq));
-  for (int i : pw.nodes) model_.mutable_graph()->mutable_node(i)->set_input(1, out);
+  for (int i : pw.nodes) {  // input 1 of a MatMul/Gemm, input 0 of a Gather
+    onnx::NodeProto* n = model_.mutable_graph()->mutable_node(i);
+    for (int j = 0; j < n->input_size(); ++j)
+      if (n->input(j) == pw.weight) n->set_input(j, out);
+  }
+}
+
+// The table stays in DequantizeLinear's layout (INT4/UINT4 [V, H], scales and zero points [V, G]
+// for axis 1, [G, H] for axis 0), which GatherBlockQuantized reads as is.
+void GraphRewriter::emit_gather_block_quantized(const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                                                const kernels::QuantResult& q) {
+  used_contrib_ = true;
+  const int64_t G = q.groups;
+  const std::vector<int64_t> scale_dims = pw.k_axis == 0 ? std::vector<int64_t>{G, pw.cols}
+                                                         : std::vector<int64_t>{pw.rows, G};
+  const std::string data = unique_name(pw.weight + "_Q" + std::to_string(spec.bits));
+  add_initializer(data, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx(q.codes, spec.bits));
+  const std::string scales = unique_name(pw.weight + "_scales");
+  add_initializer(scales, int(pw.dtype), scale_dims, encode_floats(pw.dtype, q.scales));
+  std::string zps;
+  if (spec.zero_point) {
+    zps = unique_name(pw.weight + "_zero_points");
+    add_initializer(zps, code_type(spec), scale_dims, backend_.pack_onnx(q.zero_points, spec.bits));
+  }
+  replace_gathers(pw, data, scales, zps, spec.block, spec.bits);
+}
+
+void GraphRewriter::replace_gathers(const PlannedWeight& pw, const std::string& data, const std::string& scales,
+                                    const std::string& zps, int64_t block, int bits) {
+  for (int i : pw.nodes) {
+    const onnx::NodeProto& old = model_.graph().node(i);
+    onnx::NodeProto n;
+    std::string name = old.name();
+    const std::string suffix = "/Gather";  // named as ORT-GenAI names its own
+    if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      name += "BlockQuantized";
+    else
+      name += "_Q" + std::to_string(bits);
+    n.set_name(unique_name(name));
+    n.set_op_type("GatherBlockQuantized");
+    n.set_domain("com.microsoft");
+    n.add_input(data);
+    n.add_input(old.input(1));
+    n.add_input(scales);
+    if (!zps.empty()) n.add_input(zps);
+    n.add_output(old.output(0));
+    set_int_attr(n, "gather_axis", 0);
+    set_int_attr(n, "quantize_axis", pw.k_axis);
+    set_int_attr(n, "block_size", block);
+    set_int_attr(n, "bits", bits);
+    replace_[i] = std::move(n);
+  }
+}
+
+// MatMulNBits' B [N, G, block * bits / 8] is, row for row, GatherBlockQuantized's uint8 data
+// [V, H * bits / 8] when no block is padded (H a multiple of the block); its scales [N, G] are the
+// table's [V, G]; its zero points [N, ceil(G / 2)] (4 bits, each row padded to a byte) are the
+// table's only when G is even, since GatherBlockQuantized packs them without row padding (for odd
+// G the table gets its own packing of them, V * G / 2 bytes). Absent zero points mean 2^(bits - 1)
+// in both ops.
+bool GraphRewriter::emit_shared_table(const PlannedWeight& table, uint64_t* bytes_out, std::string* why) {
+  const auto it = nbits_.find(table.tied_to);
+  if (it == nbits_.end()) {
+    *why = "'" + table.tied_to + "' was not written as MatMulNBits";
+    return false;
+  }
+  const NBitsTensors& t = it->second;
+  if (table.k_axis != 1) *why = "the table is quantized along axis 0, MatMulNBits along H";
+  else if (table.cols % t.block != 0)
+    *why = "H = " + std::to_string(table.cols) + " is not a multiple of the block " + std::to_string(t.block);
+  const bool own_zp = !t.zero_points.empty() && t.bits == 4 && t.groups % 2 != 0;
+  if (why->empty() && own_zp && t.zero_points_vg.empty()) *why = "internal: its zero points were not kept";
+  if (!why->empty()) return false;
+  const uint64_t before = bytes_;
+  std::string zps = t.zero_points;
+  if (own_zp) {  // flat nibbles of [V, G], element 2i in the low nibble of byte i
+    std::vector<uint8_t> packed(size_t(table.rows * ((t.groups + 1) / 2)), 0);  // the tail stays 0
+    for (size_t i = 0; i < t.zero_points_vg.size(); ++i) packed[i / 2] |= uint8_t(t.zero_points_vg[i] << (4 * (i % 2)));
+    zps = unique_name(table.weight + "_shared_zero_points");
+    add_initializer(zps, int(DType::kUInt8), {table.rows, (t.groups + 1) / 2}, packed);
+  }
+  const std::vector<int64_t> shape{table.rows, table.cols * t.bits / 8};
+  std::vector<uint8_t> shape_bytes(sizeof(int64_t) * 2);
+  std::memcpy(shape_bytes.data(), shape.data(), shape_bytes.size());
+  const std::string shape_name = unique_name(table.weight + "_shared_shape");
+  add_initializer(shape_name, onnx::TensorProto::INT64, {2}, shape_bytes);
+  onnx::NodeProto reshape;
+  reshape.set_name(unique_name(table.weight + "_shared_Reshape"));
+  reshape.set_op_type("Reshape");
+  reshape.add_input(t.b);
+  reshape.add_input(shape_name);
+  const std::string data = unique_name(table.weight + "_shared_Q" + std::to_string(t.bits));
+  reshape.add_output(data);
+  insert_before_[table.nodes.front()].push_back(std::move(reshape));
+  replace_gathers(table, data, t.scales, zps, t.block, t.bits);
+  if (!table.keep_float) removed_.insert(table.weight);
+  if (bytes_out) *bytes_out = bytes_ - before;
+  return true;
 }
 
 void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
@@ -206,6 +306,13 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
     zps = unique_name(pw.weight + "_zero_points");
     const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
     add_initializer(zps, int(DType::kUInt8), {N, row}, backend_.pack_matmulnbits_zero_points(shape, lspec, *qp));
+  }
+  nbits_[pw.weight] = {b, scales, zps, layout_block, G, spec.bits, {}};
+  if (spec.zero_point && keep_zp_.count(pw.weight)) {
+    std::vector<uint8_t>& z = nbits_[pw.weight].zero_points_vg;
+    z.resize(size_t(N * G));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < G; ++g) z[size_t(n * G + g)] = qp->zero_points[shape.param_index(G, g, n)];
   }
   for (int i : pw.nodes) {
     const onnx::NodeProto& old = model_.graph().node(i);

@@ -4,6 +4,8 @@
 //   qdq          float w -> QuantizeLinear -> DequantizeLinear -> MatMul, with the axis and
 //                block_size attributes ModelOpt's `rtn` forgets, so ONNX Runtime loads it
 //   matmulnbits  com.microsoft.MatMulNBits with B [N, G, bs/2], scales [N, G] (+ zero points)
+// An embedding table (op_type "Gather" in the plan) takes the same dq / qdq form ahead of its
+// Gather, or in matmulnbits com.microsoft.GatherBlockQuantized.
 // Tensor data goes straight to the writer; node edits are collected and spliced in by finish().
 #pragma once
 #include <onnx/onnx-ml.pb.h>
@@ -31,6 +33,15 @@ class GraphRewriter {
   // cannot express falls back to dq) and the bytes written for it.
   Format emit(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
               uint64_t* bytes_out);
+
+  // An embedding table tied to a weight already emitted as MatMulNBits: its Gathers become
+  // GatherBlockQuantized reading that weight's B (through a Reshape to [V, H * bits / 8]), scales
+  // and zero points, so one quantized copy serves both. Returns false with *why when the layouts
+  // differ (the caller then quantizes the table on its own).
+  bool emit_shared_table(const PlannedWeight& table, uint64_t* bytes_out, std::string* why);
+  // Weights some table is tied to: emit keeps their zero points, which a table sharing the codes
+  // may need packed its own way.
+  void keep_zero_points_of(const std::string& weight) { keep_zp_.insert(weight); }
 
   // Replaces the data of an existing initializer (an AWQ scale folded into a norm's gamma, ...).
   void set_initializer_data(const std::string& name, const std::vector<uint8_t>& bytes,
@@ -62,6 +73,10 @@ class GraphRewriter {
                bool with_quantize_node);
   void emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                         const kernels::QuantResult& q);
+  void emit_gather_block_quantized(const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                                   const kernels::QuantResult& q);
+  void replace_gathers(const PlannedWeight& pw, const std::string& data, const std::string& scales,
+                       const std::string& zps, int64_t block, int bits);
 
   onnx::ModelProto& model_;
   Format format_;
@@ -74,6 +89,14 @@ class GraphRewriter {
   std::set<std::string> removed_;
   std::set<std::string> written_;
   std::vector<onnx::TensorProto> new_initializers_;
+  struct NBitsTensors {  // what emit_matmulnbits wrote for a weight
+    std::string b, scales, zero_points;
+    int64_t block = 0, groups = 0;
+    int bits = 4;
+    std::vector<uint8_t> zero_points_vg;  // [N, G] codes, kept for keep_zero_points_of weights
+  };
+  std::set<std::string> keep_zp_;
+  std::map<std::string, NBitsTensors> nbits_;
   uint64_t bytes_ = 0;
   bool used_dq_ = false, used_contrib_ = false;
 };

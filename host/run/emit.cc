@@ -93,25 +93,94 @@ nlohmann::json weight_entry(const PlannedWeight& pw, const kernels::QuantSpec& s
           {"seconds", secs}};
 }
 
+// An embedding table: no activations reach it, so no AWQ, clip search or GPTQ. ModelOpt's mode
+// rounds to nearest on its grid (symmetric unless awq_lite with a zero point, as ModelOpt does);
+// nibble's picks each block's clip ratio by the weight error, as rtn_search does.
+void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight& pw, GraphRewriter& rewriter,
+                 kernels::Backend& backend, Emitted& e) {
+  const auto tw = std::chrono::steady_clock::now();
+  TensorView v = model.view(*model.initializer(pw.weight));
+  const bool zp = o.use_zero_point && (!o.modelopt() || o.algo == Algo::kAwqLite);
+  const Prepared p = prepare(o, pw, v.data, nullptr, nullptr, zp, backend);
+  kernels::QuantResult q;
+  if (o.modelopt()) {
+    backend.rtn(p.w, p.spec, q);
+  } else {
+    const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
+    backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
+  }
+  validate_result(pw, q);
+  uint64_t bytes = 0;
+  const Format used = rewriter.emit(pw, p.spec, q, &bytes);
+  if (!pw.keep_float) model.release(v);
+  e.bytes_out += bytes;
+  e.sq_error += q.sq_error;
+  e.elements += pw.rows * pw.cols;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
+  e.weights.push_back(weight_entry(pw, p.spec, q, used, bytes, secs));
+  e.weights.back()["gather_quantize_axis"] = pw.k_axis;
+  e.weights.back()["op_format"] = used == Format::kMatMulNBits ? "GatherBlockQuantized" : name_of(used);
+}
+
+// A table tied to a weight quantized without an AWQ scale shares that weight's MatMulNBits
+// tensors; true when it did (its report entry points at the weight it shares).
+bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vector<float>>& awq_scales,
+                 const std::map<std::string, std::vector<float>>& column_divisors, GraphRewriter& rewriter,
+                 Emitted& e) {
+  if (pw.tied_to.empty()) return false;
+  std::string why;
+  uint64_t bytes = 0;
+  if (awq_scales.count(pw.tied_to) || column_divisors.count(pw.tied_to))
+    why = "'" + pw.tied_to + "' carries an AWQ scale the lookup must not see";
+  else if (rewriter.emit_shared_table(pw, &bytes, &why)) {
+    nlohmann::json entry;
+    for (const auto& w : e.weights)
+      if (w["name"] == pw.tied_to) entry = w;
+    entry.update({{"name", pw.weight}, {"node", pw.node_name}, {"nodes", pw.nodes.size()}, {"op_type", "Gather"},
+                  {"shape", {pw.rows, pw.cols}}, {"k_axis", 1}, {"layer", -1}, {"role", "embedding"},
+                  {"gather_quantize_axis", 1}, {"shared_with", pw.tied_to}, {"op_format", "GatherBlockQuantized"},
+                  {"bytes_in", uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype)}, {"bytes_out", bytes},
+                  {"seconds", 0.0}});
+    const int64_t n = pw.rows * pw.cols;
+    e.bytes_out += bytes;
+    e.elements += n;
+    e.sq_error += entry["mse"].get<double>() * double(n);
+    e.weights.push_back(entry);
+    spdlog::info("{}: tied to {}: GatherBlockQuantized reads its MatMulNBits data (one quantized copy: its "
+                 "bits, blocks, scales{}; --gather_block_size does not apply)", pw.weight, pw.tied_to,
+                 entry["zero_point"].get<bool>() ? ", zero points" : "");
+    return true;
+  }
+  spdlog::info("{}: tied to {} but quantized on its own ({})", pw.weight, pw.tied_to, why);
+  return false;
+}
+
 }  // namespace
 
 Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
                    GraphRewriter& rewriter, kernels::Backend& backend) {
   const Plan& plan = planned.plan;
   Emitted e;
-  for (const auto& pw : plan.weights) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+  for (const auto* list : {&plan.weights, &plan.gathers})
+    for (const auto& pw : *list) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   int64_t n_int8 = 0;
   for (const auto& pw : plan.weights) n_int8 += pw.bits == 8;
-  spdlog::info("quantizing {} weights ({}) of {}: {} INT4 block {}{} -> {}", plan.weights.size(),
+  spdlog::info("quantizing {} weights ({}) of {}: {} INT4 block {}{}{} -> {}", plan.weights.size(),
                human_bytes(e.bytes_in), o.onnx_path, name_of(o.algo), o.block_size,
-               n_int8 ? " + " + std::to_string(n_int8) + " INT8 per channel" : std::string(), name_of(planned.format));
+               n_int8 ? " + " + std::to_string(n_int8) + " INT8 per channel" : std::string(),
+               plan.gathers.empty() ? std::string()
+                                    : " + " + std::to_string(plan.gathers.size()) + " embedding(s) INT4 block " +
+                                          std::to_string(o.gather_block_size),
+               name_of(planned.format));
   // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
   e.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
   std::map<std::string, std::vector<float>> scales, column_divisors;
   for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
   if (o.searches_scales())
     column_divisors = place_awq_scales(model, plan, scales, rewriter, backend, !o.awqlite_disable_fuse_nodes);
-  Progress progress(int64_t(plan.weights.size()), e.bytes_in, !o.quiet);
+  for (const auto& t : plan.gathers)
+    if (!t.tied_to.empty()) rewriter.keep_zero_points_of(t.tied_to);
+  Progress progress(int64_t(plan.weights.size() + plan.gathers.size()), e.bytes_in, !o.quiet);
   for (const auto& pw : plan.weights) {
     const auto tw = std::chrono::steady_clock::now();
     TensorView v = model.view(*model.initializer(pw.weight));
@@ -142,6 +211,15 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
                       dtype_name(pw.dtype) + " -> int" + std::to_string(pw.bits) + " " +
                       human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
                   uint64_t(n) * dtype_size(pw.dtype));
+  }
+  for (const auto& pw : plan.gathers) {
+    const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+    if (!emit_shared(pw, scales, column_divisors, rewriter, e)) emit_gather(o, model, pw, rewriter, backend, e);
+    const nlohmann::json& done = e.weights.back();
+    progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
+                      dtype_name(pw.dtype) + " embedding -> int" + done["bits"].dump() + " " + human_bytes(in) +
+                      " -> " + human_bytes(done["bytes_out"].get<uint64_t>()),
+                  in);
   }
   progress.finish();
   return e;

@@ -31,7 +31,11 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
                   " block_size=" + std::to_string(o.block_size) + " zero_point=" + (emitted.zero_point ? "1" : "0") +
                   (planned.mixed.strategy.empty()
                        ? ""
-                       : " mixed=" + planned.mixed.strategy + " int8=" + std::to_string(n_int8)));
+                       : " mixed=" + planned.mixed.strategy + " int8=" + std::to_string(n_int8)) +
+                  (planned.plan.gathers.empty()
+                       ? ""
+                       : " gather_quantize_axis=" + std::to_string(*o.gather_quantize_axis) +
+                             " gather_block_size=" + std::to_string(o.gather_block_size)));
   writer.commit(model.proto());
   Committed c;
   c.companions = copy_genai_companions(model.path(), writer.out_path(), o.force);
@@ -45,11 +49,11 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
 
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& e, const Committed& c,
                   uint64_t copied, double secs, const kernels::Backend& backend) {
-  const size_t nw = planned.plan.weights.size();
+  const size_t nw = planned.plan.weights.size(), ng = planned.plan.gathers.size();
   if (!o.quiet)
-    spdlog::info("{} weights: {} -> {} ({:.2f} bits/weight), {} copied unchanged, rms error {:.3g}; "
+    spdlog::info("{} weights{}: {} -> {} ({:.2f} bits/weight), {} copied unchanged, rms error {:.3g}; "
                  "{:.2f} s, peak RSS {}",
-                 nw, human_bytes(e.bytes_in), human_bytes(e.bytes_out),
+                 nw, ng ? " + " + std::to_string(ng) + " embedding(s)" : "", human_bytes(e.bytes_in), human_bytes(e.bytes_out),
                  e.elements ? 8.0 * double(e.bytes_out) / double(e.elements) : 0.0, human_bytes(copied),
                  std::sqrt(e.sq_error / double(e.elements)), secs, human_bytes(peak_rss_bytes()));
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0 && !o.quiet)
@@ -72,6 +76,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                            {"skipped", skipped},
                            {"summary",
                             {{"weights_quantized", nw},
+                             {"embeddings_quantized", ng},
                              {"bytes_in", e.bytes_in},
                              {"bytes_quantized_out", e.bytes_out},
                              {"bytes_copied", copied},

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "host/run/pipeline.h"
+#include "host/graph/gather_plan.h"
 #include "host/graph/plan.h"
 #include "host/run/progress.h"
 #include "loaders/onnx_model.h"
@@ -9,14 +10,17 @@
 namespace nibble {
 
 int run_inspect(const std::string& model_path, const std::vector<std::string>& nodes_to_exclude,
-                int64_t block_size) {
+                int64_t block_size, std::optional<int> gather_axis, int64_t gather_block) {
   auto model = OnnxModel::load(model_path);
   const auto files = model->input_files();
   const auto& m = model->proto();
   PlanOptions popt;
   popt.nodes_to_exclude = nodes_to_exclude;
   popt.block_size = block_size;
-  const Plan plan = make_plan(*model, popt);
+  popt.gather_axis = gather_axis;
+  popt.gather_block = gather_block;
+  Plan plan = make_plan(*model, popt);
+  find_tied_tables(*model, plan);
 
   uint64_t init_bytes = 0;
   for (const auto& t : m.graph().initializer()) init_bytes += expected_nbytes(t);
@@ -45,6 +49,19 @@ int run_inspect(const std::string& model_path, const std::vector<std::string>& n
   std::printf("\n%zu weights to quantize: %s -> about %s at INT4 block %lld (symmetric)\n", plan.weights.size(),
               human_bytes(q_in).c_str(), human_bytes(q_out).c_str(), static_cast<long long>(block_size));
   std::printf("%zu sibling groups (weights sharing one input)\n", plan.siblings.size());
+  for (const auto& pw : plan.gathers) {
+    const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+    const int64_t G = (pw.K() + pw.block - 1) / pw.block;
+    const uint64_t out = uint64_t(pw.rows * pw.cols + 1) / 2 + uint64_t(G * pw.N()) * dtype_size(pw.dtype);
+    std::printf("\nembedding %s [%lld, %lld] %s read by %zu Gather(s) (%s): %s -> about %s at INT4 block %lld "
+                "along axis %d%s\n", pw.weight.c_str(), static_cast<long long>(pw.rows),
+                static_cast<long long>(pw.cols), dtype_name(pw.dtype).c_str(), pw.nodes.size(),
+                pw.node_name.c_str(), human_bytes(in).c_str(), human_bytes(out).c_str(),
+                static_cast<long long>(pw.block), pw.k_axis,
+                pw.tied_to.empty() ? ""
+                                   : ("; tied to " + pw.tied_to + " (one copy in --format matmulnbits when H is a "
+                                      "multiple of its --block_size)").c_str());
+  }
   if (!plan.skipped.empty()) {
     std::printf("\nleft as they are:\n");
     for (const auto& s : plan.skipped) std::printf("  %-48s %-8s %s\n", s.node.c_str(), s.op_type.c_str(), s.reason.c_str());

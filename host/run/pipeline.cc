@@ -15,9 +15,9 @@ namespace {
 // Flags ModelOpt's command line has that change nothing in this configuration: one line each.
 void warn_inert_flags(const QuantizeOptions& o) {
   const bool lite = o.searches_scales(), clip = o.searches_clip();
-  if (o.gather_block_size != 32)
-    spdlog::warn("--gather_block_size {}: no effect: Gather (embedding) quantization is not implemented, "
-                 "embeddings stay float", o.gather_block_size);
+  if (o.gather_block_size != 32 && !o.gather_quantize_axis)
+    spdlog::warn("--gather_block_size {}: no effect without --gather_quantize_axis (as in ModelOpt, the axis "
+                 "turns Gather quantization on): embeddings stay float", o.gather_block_size);
   if (lite && o.modelopt() && !o.awqlite_run_per_subgraph && o.awqlite_alpha_step != 0.1)
     spdlog::warn("--awqlite_alpha_step {}: no effect with --awq_mode modelopt: ModelOpt's per-node search uses "
                  "its fixed grid 0, 0.1, ..., 1 (--awq_mode nibble and --awqlite_run_per_subgraph honour it)",
@@ -66,8 +66,10 @@ void validate_options(const QuantizeOptions& o) {
   if (o.awqlite_run_per_subgraph && o.modelopt() && mixed_enabled(o) && o.searches_scales())
     throw Error("--awqlite_run_per_subgraph --awq_mode modelopt: ModelOpt refuses the per-subgraph search with "
                 "mixed precision (use --awq_mode nibble)");
-  if (!o.gather_quantize_axis.empty())
-    throw Error("--gather_quantize_axis is not implemented yet (embeddings stay float)");
+  const int64_t gb = o.gather_block_size;
+  if (o.gather_quantize_axis && (gb < 16 || (gb & (gb - 1)) != 0))
+    throw Error("--gather_block_size " + std::to_string(gb) + " must be a power of two >= 16 (GatherBlockQuantized "
+                "takes no other)");
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
   if (o.threads < 0) throw Error("--threads must be >= 0");
   if (o.onnx_path.empty()) throw Error("--onnx_path is required");

@@ -11,9 +11,10 @@ void validate_options(const QuantizeOptions& options);
 // Runs the whole job; throws Error on bad input. Returns the process exit code.
 int run_quantize(const QuantizeOptions& options);
 
-// `nibble inspect`: prints what would be quantized, with sizes. Returns the exit code.
+// `nibble inspect`: prints what would be quantized, with sizes (embedding tables too when
+// gather_axis is given). Returns the exit code.
 int run_inspect(const std::string& model_path, const std::vector<std::string>& nodes_to_exclude,
-                int64_t block_size);
+                int64_t block_size, std::optional<int> gather_axis = std::nullopt, int64_t gather_block = 32);
 
 // `nibble selftest`: every backend operation on `device` against the CPU reference, one PASS/FAIL
 // line each; returns 1 when any fails.

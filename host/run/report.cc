@@ -37,7 +37,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"use_random_calib", o.calib.use_random_calib},
           {"enable_mixed_quant", o.enable_mixed_quant},
           {"layers_8bit", o.layers_8bit},
-          {"gather_quantize_axis", o.gather_quantize_axis},
+          {"gather_quantize_axis", o.gather_quantize_axis ? nlohmann::json(*o.gather_quantize_axis) : nlohmann::json()},
           {"gather_block_size", o.gather_block_size},
           {"use_column_major", o.use_column_major},
           {"nodes_to_exclude", o.nodes_to_exclude},

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "host/graph/gather_plan.h"
 #include "host/graph/opset.h"
 #include "loaders/error.h"
 #include "loaders/genai_folder.h"
@@ -52,8 +53,14 @@ Planned plan_stage(const QuantizeOptions& o, OnnxModel& model) {
   PlanOptions popt;
   popt.nodes_to_exclude = o.nodes_to_exclude;
   popt.block_size = o.block_size;
+  popt.gather_axis = o.gather_quantize_axis;
+  popt.gather_block = o.gather_block_size;
   p.plan = make_plan(model, popt);
-  if (p.plan.weights.empty())
+  find_tied_tables(model, p.plan);
+  if (o.gather_quantize_axis && p.plan.gathers.empty())
+    spdlog::warn("--gather_quantize_axis {}: no effect: no Gather reads a constant 2-D float table in {}",
+                 *o.gather_quantize_axis, o.onnx_path);
+  if (p.plan.weights.empty() && p.plan.gathers.empty())
     throw Error("nothing to quantize in " + o.onnx_path + ": no MatMul/Gemm with a constant 2-D float weight (" +
                 std::to_string(p.plan.skipped.size()) + " skipped; see `nibble inspect`)");
   for (const auto& s : p.plan.skipped) spdlog::debug("skip {} ({}): {}", s.node, s.op_type, s.reason);

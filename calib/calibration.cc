@@ -289,6 +289,11 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
   if (o.threads > 0) add("--threads", std::to_string(o.threads));
   if (extras.sample_tokens > 0) add("--sample_tokens", std::to_string(extras.sample_tokens));
   if (extras.gram_block > 0) add("--gram_block", std::to_string(extras.gram_block));
+  if (!extras.layer_state.empty()) {
+    add("--layer_state", extras.layer_state);
+    add("--layer_groups", extras.layer_groups);
+    add("--layer", std::to_string(extras.layer));
+  }
   return argv;
 }
 

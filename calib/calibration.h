@@ -45,6 +45,11 @@ struct ActivationStats {
 struct CalibrationExtras {
   int64_t sample_tokens = 0;
   int64_t gram_block = 0;
+  // Layer by layer (calib/README.md): measure only layer group `layer` of `layer_groups` (a JSON file of
+  // activation names per group), its inputs read from and its outputs for the next group written to
+  // the state folder `layer_state`.
+  std::string layer_state, layer_groups;
+  int layer = -1;
 };
 
 class Calibration {

@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sample_tokens", type=int, default=0,
                    help="also keep the token rows 0, step, 2*step, ... (step = max(1, T // N), T = all rows of "
                         "all batches, padding included): ModelOpt's awq_clip sample (max_tokens = N); 0 = off")
+    c.add_argument("--layer_state", default=None,
+                   help="layer by layer: the state folder holding the boundary activations between layers")
+    c.add_argument("--layer_groups", default=None,
+                   help="layer by layer: GROUPS.json, the activation names of every layer group in order")
+    c.add_argument("--layer", type=int, default=-1, help="layer by layer: the group to measure (0-based)")
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)
@@ -586,6 +591,70 @@ def _write(path: str, arr: np.ndarray, dtype: str) -> None:
     os.replace(tmp, path)
 
 
+class _Layered:
+    """capture's view of one layer group (calib/layers.py): its batches come from the state folder,
+    its session is the group's segment, and what crosses into the next segment is saved per batch."""
+
+    def __init__(self, a, model, acts):
+        from layers import LayerCut, read_groups
+        groups = read_groups(a.layer_groups)
+        if not 0 <= a.layer < len(groups):
+            raise CalibError(f"--layer {a.layer}: --layer_groups has {len(groups)} groups")
+        if sorted(groups[a.layer]) != sorted(n for n, _ in acts):
+            raise CalibError(f"--layer {a.layer}: --activations and group {a.layer} of --layer_groups differ")
+        self.a, self.model = a, model
+        self.cut = LayerCut(model, groups)
+
+    def open(self, source_batches):
+        from layers import LayerBatches
+        self.lb = LayerBatches(self.a.layer_state, self.cut, self.a.layer, source_batches)
+        for k in ("n_batches", "samples", "batch_size", "seq_len", "source"):
+            setattr(self, k, getattr(self.lb, k))
+
+    def __iter__(self):
+        return iter(self.lb)
+
+    @property
+    def tokens(self):
+        return self.lb.tokens
+
+    def fetch(self, names, carry):
+        s = self.a.layer
+        own = [n for n in names if self.cut.produced_in.get(n, -1) == s]
+        if carry:
+            self.lb.begin_next()
+            own += [t for t in self.lb.carry if t not in own]
+        return own
+
+    def inputs(self, feeds):
+        """The feeds the segment reads (the boundary holds what later segments need too)."""
+        return {t: feeds[t] for t in self.seg_inputs}
+
+    def model_bytes(self, fetch):
+        b = self.cut.model_bytes(self.model, self.a.layer, self.lb.in_types, fetch)
+        self.seg_inputs = self.cut.last_inputs
+        return b
+
+    def save_next(self, bi, feeds, mask, got):
+        self.lb.save_next(bi, feeds, mask, got)
+        for t in self.lb.carry:     # not an activation of this group: not counted below
+            if t not in self.names:
+                got.pop(t, None)
+
+    def finish_next(self):
+        self.lb.finish_next()
+
+
+def layer_mode(a, model, acts):
+    if a.layer_state is None:
+        return None
+    if a.layer_groups is None or a.layer < 0:
+        raise CalibError("--layer_state needs --layer_groups and --layer")
+    lay = _Layered(a, model, acts)
+    lay.names = {n for n, _ in acts}
+    return lay
+
+
 def capture(a) -> int:
     t0 = time.time()
     if a.calib_size < 1 or a.seq_len < 1 or a.batch_size < 1:
@@ -611,13 +680,18 @@ def capture(a) -> int:
 
     if a.calib_data and a.random_calib:
         raise CalibError("--calib_data and --use_random_calib contradict each other (give one)")
-    if a.random_calib:
-        batches = random_batches(model, model_path, specs, opts, a.calib_size, a.seq_len, a.batch_size)
-    elif a.calib_data:
-        batches = NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
-    else:
-        batches = text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,
-                               a.batch_size)
+
+    def source_batches():
+        if a.random_calib:
+            return random_batches(model, model_path, specs, opts, a.calib_size, a.seq_len, a.batch_size)
+        if a.calib_data:
+            return NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
+        return text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,
+                            a.batch_size)
+    layered = layer_mode(a, model, acts)
+    batches = layered if layered is not None else source_batches()
+    if layered is not None:
+        layered.open(source_batches)
     providers = select_providers(a.eps)
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -643,7 +717,9 @@ def capture(a) -> int:
         names = [acts[i][0] for i in group]
         fetch = [n for n in names if n not in graph_inputs]
         sess = None
-        if fetch:
+        if layered is not None:
+            fetch = layered.fetch(names, carry=gi == 0)
+        elif fetch:
             sess = make_session(augmented_model_bytes(model, fetch), model_dir, providers, model_path)
             provider_used = provider_used or sess.get_providers()[0]
         accs = {i: Accumulator(acts[i][0], acts[i][1], gram_block=a.gram_block) for i in group}
@@ -651,9 +727,12 @@ def capture(a) -> int:
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()
+            if layered is not None and sess is None and fetch:
+                sess = make_session(layered.model_bytes(fetch), model_dir, providers, model_path)
+                provider_used = provider_used or sess.get_providers()[0]
             if sess is not None:
                 try:
-                    vals = sess.run(fetch, feeds)
+                    vals = sess.run(fetch, feeds if layered is None else layered.inputs(feeds))
                 except Exception as e:  # noqa: BLE001
                     raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
                                      f"({first_line(e)})") from None
@@ -662,10 +741,15 @@ def capture(a) -> int:
             else:
                 got = {}
             t2 = time.time()
+            if layered is not None and gi == 0:
+                layered.save_next(bi, feeds, tok_mask, got)
             flat_mask = None if tok_mask is None else (np.asarray(tok_mask) != 0).reshape(-1)
             if tok_mask is not None:
                 tt += tok_mask.size
                 tu += int(flat_mask.sum())
+            elif layered is not None:
+                tt += layered.tokens
+                tu += layered.tokens
             elif "input_ids" in feeds:
                 tt += feeds["input_ids"].size
                 tu += feeds["input_ids"].size
@@ -697,6 +781,8 @@ def capture(a) -> int:
                 f"stats {t3 - t2:.2f} s")
         tokens_total, tokens_unpadded = tt, tu
         del sess
+        if layered is not None and gi == 0:
+            layered.finish_next()
         for i in group:
             acc = accs.pop(i)
             # An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.

@@ -54,6 +54,8 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"format", o.format ? name_of(*o.format) : ""},
           {"threads", o.threads},
           {"force", o.force},
+          {"layer_by_layer", o.layer_by_layer},
+          {"resume", o.resume},
           {"report", o.report},
           {"config", o.config},
           {"quiet", o.quiet},

@@ -293,6 +293,7 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
     add("--layer_state", extras.layer_state);
     add("--layer_groups", extras.layer_groups);
     add("--layer", std::to_string(extras.layer));
+    if (!extras.layer_weights.empty()) add("--layer_weights", extras.layer_weights);
   }
   return argv;
 }
@@ -330,6 +331,29 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
   }
   c->read_index(acts);
   return c;
+}
+
+void Calibration::advance(const CalibrationOptions& o, const std::string& model_path,
+                          const std::vector<Request>& acts, const Extras& extras) {
+  std::string tmpl = (fs::temp_directory_path() / "nibble-calib-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
+  const fs::path dir(tmpl);
+  nlohmann::json req = nlohmann::json::array();
+  for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
+  std::error_code ec;
+  try {
+    {
+      std::ofstream f(dir / "activations.json");
+      f << req.dump();
+    }
+    auto argv = capture_argv(o, model_path, dir, false, extras);
+    argv.push_back("--layer_advance");
+    run_child(argv, "calibration: ", o.quiet);
+  } catch (...) {
+    fs::remove_all(dir, ec);
+    throw;
+  }
+  fs::remove_all(dir, ec);
 }
 
 void Calibration::read_index(const std::vector<Request>& acts) {

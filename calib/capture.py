@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--layer_groups", default=None,
                    help="layer by layer: GROUPS.json, the activation names of every layer group in order")
     c.add_argument("--layer", type=int, default=-1, help="layer by layer: the group to measure (0-based)")
+    c.add_argument("--layer_weights", default=None,
+                   help="layer by layer, quantized layers fed forward: the folder of what nibble quantized so "
+                        "far (eff_<g>.json); those weights run dequantized, and the boundary for the next group "
+                        "is left to --layer_advance")
+    c.add_argument("--layer_advance", action="store_true",
+                   help="layer by layer: no statistics, only the boundary for the next group, computed with "
+                        "--layer_weights")
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)
@@ -604,6 +611,10 @@ class _Layered:
             raise CalibError(f"--layer {a.layer}: --activations and group {a.layer} of --layer_groups differ")
         self.a, self.model = a, model
         self.cut = LayerCut(model, groups)
+        from layers import effective_weights
+        self.eff = effective_weights(a.layer_weights)
+        # quantized layers fed forward: the statistics run leaves the boundary to the advance run
+        self.writes_next = a.layer_advance or not a.layer_weights
 
     def open(self, source_batches):
         from layers import LayerBatches
@@ -621,7 +632,7 @@ class _Layered:
     def fetch(self, names, carry):
         s = self.a.layer
         own = [n for n in names if self.cut.produced_in.get(n, -1) == s]
-        if carry:
+        if carry and self.writes_next:
             self.lb.begin_next()
             own += [t for t in self.lb.carry if t not in own]
         return own
@@ -631,18 +642,42 @@ class _Layered:
         return {t: feeds[t] for t in self.seg_inputs}
 
     def model_bytes(self, fetch):
-        b = self.cut.model_bytes(self.model, self.a.layer, self.lb.in_types, fetch)
+        b = self.cut.model_bytes(self.model, self.a.layer, self.lb.in_types, fetch, self.eff)
+        if self.cut.substituted:
+            log(f"layer group {self.a.layer}: {self.cut.substituted} weight(s) run dequantized")
         self.seg_inputs = self.cut.last_inputs
         return b
 
     def save_next(self, bi, feeds, mask, got):
+        if not self.writes_next:
+            return
         self.lb.save_next(bi, feeds, mask, got)
         for t in self.lb.carry:     # not an activation of this group: not counted below
             if t not in self.names:
                 got.pop(t, None)
 
     def finish_next(self):
+        if self.writes_next:
+            self.lb.finish_next()
+
+    def advance(self, model_dir, providers, model_path):
+        """--layer_advance: the group's segment run once more, only for the boundary of the next group."""
+        fetch = [] if self.lb.last else list(self.lb.carry)
+        if not fetch:
+            return False
+        self.lb.begin_next()
+        sess = None
+        for bi, (feeds, mask) in enumerate(self):
+            if sess is None:
+                sess = make_session(self.model_bytes(fetch), model_dir, providers, model_path)
+            try:
+                vals = sess.run(fetch, self.inputs(feeds))
+            except Exception as e:  # noqa: BLE001
+                raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
+                                 f"({first_line(e)})") from None
+            self.lb.save_next(bi, feeds, mask, dict(zip(fetch, vals)))
         self.lb.finish_next()
+        return True
 
 
 def layer_mode(a, model, acts):
@@ -692,6 +727,10 @@ def capture(a) -> int:
     batches = layered if layered is not None else source_batches()
     if layered is not None:
         layered.open(source_batches)
+    if layered is not None and a.layer_advance:
+        if layered.advance(model_dir, select_providers(a.eps), model_path):
+            log(f"layer group {a.layer}: boundary for the next group written, {time.time() - t0:.1f} s")
+        return 0
     providers = select_providers(a.eps)
     try:
         os.makedirs(out_dir, exist_ok=True)

@@ -88,7 +88,7 @@ class LayerCut:
         """What segment s must output for the segments after it."""
         return sorted(t for t, last in self.last_use.items() if last > s and self.produced_in.get(t, -1) == s)
 
-    def model_bytes(self, model, s: int, in_types: dict, outputs: list[str]) -> bytes:
+    def model_bytes(self, model, s: int, in_types: dict, outputs: list[str], eff: dict | None = None) -> bytes:
         """Segment s as a model: inputs = what it reads from the boundary (typed from the stored
         arrays, symbolic dims), outputs = `outputs`; its initializers still point at the original
         external data (nothing copied)."""
@@ -103,6 +103,7 @@ class LayerCut:
         ng.name = f"{g.name}_segment{s}"
         ng.node.extend(nodes)
         ng.initializer.extend(t for t in g.initializer if t.name in used)
+        self.substituted = substitute(ng, used, eff) if eff else 0
         self.last_inputs = [t for t in self.needs[s] if t in used]
         for t in self.last_inputs:
             dt, rank = in_types[t]
@@ -223,3 +224,60 @@ class LayerBatches:
         open(os.path.join(self.tmp, "done"), "w").close()
         shutil.rmtree(self.next_dir, ignore_errors=True)
         os.replace(self.tmp, self.next_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# Feeding the quantized layers forward
+# --------------------------------------------------------------------------------------------
+
+def effective_weights(folder: str | None) -> dict:
+    """What nibble quantized so far, as index entries by weight name (folder/eff_<g>.json, written by
+    nibble after each layer): codes, scales, zero points, the AWQ scale s and the column divisor."""
+    out = {}
+    if not folder or not os.path.isdir(folder):
+        return out
+    for f in sorted(os.listdir(folder)):
+        if f.startswith("eff_") and f.endswith(".json"):
+            with open(os.path.join(folder, f), encoding="utf-8") as fh:
+                for e in json.load(fh):
+                    e["dir"] = folder
+                    out[e["name"]] = e
+    return out
+
+
+def dequantized(e: dict, np_dtype) -> np.ndarray:
+    """The float weight the quantized model computes with, in the original graph's terms: the codes
+    dequantized, divided by s along K (the 1/s the output puts on the activation side) and multiplied
+    by the column divisor along N (the consumer's 1/s folded into this weight's columns)."""
+    rows, cols, ka, B = e["rows"], e["cols"], e["k_axis"], e["block"]
+    rd = lambda key, dt: np.fromfile(os.path.join(e["dir"], e[key]), dtype=dt)  # noqa: E731
+    codes = rd("codes", np.uint8 if e["zero_point"] else np.int8).reshape(rows, cols).astype(np.float32)
+    K, N = (rows, cols) if ka == 0 else (cols, rows)
+    G = -(-K // B)
+    c = codes if ka == 0 else codes.T                                  # [K, N]
+    sc = rd("scales", np.float32).reshape((G, N) if ka == 0 else (N, G))
+    sc = sc if ka == 0 else sc.T                                       # [G, N]
+    zp = np.zeros_like(sc)
+    if e.get("zp"):
+        z = rd("zp", np.uint8).reshape((G, N) if ka == 0 else (N, G)).astype(np.float32)
+        zp = z if ka == 0 else z.T
+    gi = np.arange(K) // B
+    w = (c - zp[gi]) * sc[gi]
+    if e.get("s"):
+        w /= rd("s", np.float32)[:, None]
+    if e.get("divisor"):
+        w *= rd("divisor", np.float32)[None, :]
+    return np.ascontiguousarray((w if ka == 0 else w.T).astype(np_dtype))
+
+
+def substitute(graph, names: set, eff: dict) -> int:
+    """Replaces the initializers among `names` that nibble already quantized by their dequantized form
+    (inline), so the segment computes what the quantized model computes. Returns how many."""
+    from onnx import helper, numpy_helper
+    n = 0
+    for i, t in enumerate(graph.initializer):
+        if t.name in names and t.name in eff:
+            dt = helper.tensor_dtype_to_np_dtype(t.data_type)
+            graph.initializer[i].CopyFrom(numpy_helper.from_array(dequantized(eff[t.name], dt), t.name))
+            n += 1
+    return n

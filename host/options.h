@@ -58,6 +58,7 @@ struct QuantizeOptions {
   // a stopped run from its first unfinished layer.
   bool layer_by_layer = false;
   bool resume = false;
+  bool feed_quantized = false;  // layer L+1 calibrated on the outputs of the quantized layers 0..L
   std::string report;
   std::string config;
   bool quiet = false;

@@ -133,6 +133,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
                                backend);
     const kernels::QuantResult q = quantize(o, pw, p, sp, searched, backend);
+    if (searched.on_quantized && !searched.replay)
+      searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;
     const Format used = rewriter.emit(pw, p.spec, q, &bytes);
     if (used != planned.format)

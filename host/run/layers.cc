@@ -89,6 +89,40 @@ void add(Emitted& total, const Emitted& e) {
   total.zero_point = e.zero_point;
 }
 
+template <typename T>
+std::string write_raw(const fs::path& dir, const std::string& name, const std::vector<T>& v) {
+  std::ofstream f(dir / name, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+  if (!f) throw Error("cannot write " + (dir / name).string());
+  return name;
+}
+
+// One quantized weight as calib/layers.py reads it back to run it dequantized (its index entry).
+nlohmann::json write_effective(const fs::path& root, size_t g, const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                               const kernels::QuantResult& q, const std::vector<float>* s,
+                               const std::vector<float>* divisor, size_t k) {
+  const std::string sub = "g" + std::to_string(g), base = sub + "/w" + std::to_string(k);
+  std::error_code ec;
+  fs::create_directories(root / sub, ec);
+  nlohmann::json e = {{"name", pw.weight}, {"rows", pw.rows}, {"cols", pw.cols}, {"k_axis", pw.k_axis},
+                      {"block", spec.block}, {"bits", spec.bits}, {"zero_point", spec.zero_point}};
+  e["codes"] = write_raw(root, base + ".codes", q.codes);
+  e["scales"] = write_raw(root, base + ".scales.f32", q.scales);
+  if (spec.zero_point) e["zp"] = write_raw(root, base + ".zp.u8", q.zero_points);
+  if (s) e["s"] = write_raw(root, base + ".s.f32", *s);
+  if (divisor) e["divisor"] = write_raw(root, base + ".div.f32", *divisor);
+  return e;
+}
+
+fs::path quantized_dir(const QuantizeOptions& o) { return state_path(o) / "quantized"; }
+
+// Group g's dequantization inputs, once no segment still to run reads them.
+void drop_effective(const QuantizeOptions& o, size_t g) {
+  std::error_code ec;
+  fs::remove(quantized_dir(o) / ("eff_" + std::to_string(g) + ".json"), ec);
+  fs::remove_all(quantized_dir(o) / ("g" + std::to_string(g)), ec);
+}
+
 // One group computed: calibrate it alone, search, emit; the scales kept for a resumed run.
 Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const std::vector<size_t>& idx,
                   size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend) {
@@ -102,12 +136,26 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   extras.layer = int(g);
   CalibrationOptions copt = o.calib;
   copt.calib_cache.clear();  // each layer's statistics are dropped once it is written
+  nlohmann::json quantized = nlohmann::json::array();
+  if (o.feed_quantized) {
+    extras.layer_weights = quantized_dir(o).string();
+    s.on_quantized = [&](const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
+                         const std::vector<float>* sp, const std::vector<float>* div) {
+      quantized.push_back(write_effective(quantized_dir(o), g, pw, spec, q, sp, div, quantized.size()));
+    };
+  }
   const auto t0 = std::chrono::steady_clock::now();
   s.calib = Calibration::run(copt, model.path(), acts, /*mask_padding=*/!o.modelopt(), extras);
   s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   search_calibrated(o, model, sub, backend, s);
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
+  if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
+    write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
+    const auto ta = std::chrono::steady_clock::now();
+    Calibration::advance(copt, model.path(), acts, extras);
+    s.calibrate_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+  }
   spdlog::info("layer group {}: {} weights, calibration {:.1f} s, search {:.1f} s", g, idx.size(),
                s.calibrate_seconds, s.search_seconds);
   return e;
@@ -211,6 +259,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend));
     write_checkpoint(o, g + 1, writer, total);
     fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
+    if (g > 0) drop_effective(o, g - 1);
   }
   total.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
   return total;

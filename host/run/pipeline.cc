@@ -97,6 +97,8 @@ void validate_options(const QuantizeOptions& o) {
   if (o.threads < 0) throw Error("--threads must be >= 0");
   if (o.onnx_path.empty()) throw Error("--onnx_path is required");
   if (o.resume && !o.layer_by_layer) throw Error("--resume continues a --layer_by_layer run: give both");
+  if (o.feed_quantized && !o.layer_by_layer)
+    throw Error("--feed_quantized feeds the quantized layers forward layer by layer: give --layer_by_layer too");
   if (o.output_path.empty()) throw Error("--output_path is required");
 }
 

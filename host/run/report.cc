@@ -56,6 +56,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"force", o.force},
           {"layer_by_layer", o.layer_by_layer},
           {"resume", o.resume},
+          {"feed_quantized", o.feed_quantized},
           {"report", o.report},
           {"config", o.config},
           {"quiet", o.quiet},

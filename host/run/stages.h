@@ -5,6 +5,7 @@
 //
 // run_quantize (pipeline.cc) calls them in that order; tests may call one alone.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,11 @@ struct Searched {
   // Resuming a layer-by-layer run: the weights are laid out again (the writer replays what the stopped
   // run wrote) with no quantization; only `choices` is read.
   bool replay = false;
+  // Called with each weight's result as it is quantized (the quantized layers fed forward): s is its AWQ
+  // scale, divisor the consumer's 1/s folded into its columns (either may be null).
+  std::function<void(const PlannedWeight&, const kernels::QuantSpec&, const kernels::QuantResult&,
+                     const std::vector<float>* s, const std::vector<float>* divisor)>
+      on_quantized;
 };
 // Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).
 bool needs_calibration(const QuantizeOptions& o);

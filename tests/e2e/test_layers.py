@@ -129,3 +129,30 @@ def test_rtn_says_layer_by_layer_has_no_effect(nibble, llama, tmp_path):
     spec, path, npz, root = llama
     r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--algo", "rtn_dq", "--layer_by_layer")
     assert "--layer_by_layer: no effect" in r.stderr
+
+
+def test_feed_quantized(nibble, llama, tmp_path):
+    """Layer 0 sees the float inputs either way, so its weights equal the float-fed run's; later layers
+    are calibrated on the quantized layers' outputs, so some of their choices differ; the model runs."""
+    spec, path, npz, root = llama
+    fed = tmp_path / "fed" / "model.onnx"
+    plain = tmp_path / "plain" / "model.onnx"
+    nibble.quantize(path, str(plain), "--algo", "awq_lite", "--layer_by_layer", *calib_args(npz))
+    r = nibble.quantize(path, str(fed), "--algo", "awq_lite", "--layer_by_layer", "--feed_quantized",
+                        *calib_args(npz))
+    assert "run dequantized" in r.stderr, r.describe()
+    a, b = initializers(str(plain)), initializers(str(fed))
+    layer0 = [n for n in a if ".layers.0." in n and "down_proj" not in n]
+    assert layer0 and all(a[n] == b[n] for n in layer0)
+    later = [n for n in a if ".layers.0." not in n and a[n] != b[n]]
+    assert later, "feeding the quantized layers forward changed nothing"
+    import onnxruntime as ort
+    x = models.llama_inputs(spec)
+    out = ort.InferenceSession(str(fed), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    assert np.isfinite(out).all()
+
+
+def test_feed_quantized_needs_layer_by_layer(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--feed_quantized", *calib_args(npz), check=False)
+    assert r.returncode != 0 and "--feed_quantized" in r.stderr.strip().splitlines()[-1]

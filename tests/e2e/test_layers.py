@@ -3,7 +3,7 @@ the previous one left, searched, quantized and written in turn.
 
 * With the float layers fed forward (the only mode), every layer sees the activations the whole-model
   pass sees, so every output initializer (codes, scales, folded gammas) equals the whole-model run's,
-  for awq_lite, awq_clip and awq_full, on a Llama-shaped test model of 4 layers.
+  for awq_lite, awq_clip, awq_full and gptq, on a Llama-shaped test model of 4 layers.
 * --resume after a SIGKILL in the middle of a run gives the same bytes as a run never stopped.
 * A graph with no layer numbers falls back to the whole-model pass with one line.
 """
@@ -45,7 +45,7 @@ def initializers(path: str) -> dict[str, bytes]:
     return {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
 
 
-@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "awq_full"])
+@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "awq_full", "gptq"])
 def test_layer_by_layer_equals_whole_model(nibble, llama, algo):
     spec, path, npz, root = llama
     whole = os.path.join(root, f"whole_{algo}", "model.onnx")

@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--layer_advance", action="store_true",
                    help="layer by layer: no statistics, only the boundary for the next group, computed with "
                         "--layer_weights")
+    c.add_argument("--stats_in_session", choices=["auto", "on", "off"], default="auto",
+                   help="compute X^T X and the |x| sums inside the ONNX Runtime session (on the provider's "
+                        "device) instead of with numpy on the host; auto: on for a provider other than CPU")
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)
@@ -379,6 +382,7 @@ class Accumulator:
         self.nbuf = 0
         self.rows = 0
         self.nonfinite = 0
+        self.reduced = False   # statistics from the session: mean_abs_np is the float32 sum / rows
 
     def update(self, X: np.ndarray, counted: np.ndarray | None) -> None:
         """X [R, K] (float32 or float16), counted: bool [R] or None (= all rows)."""
@@ -412,6 +416,25 @@ class Accumulator:
                 self.nonfinite += 1
         self.rows += Xd.shape[0]
 
+    def update_reduced(self, gram: np.ndarray, sum_counted: np.ndarray, sum_all: np.ndarray, rows_all: int,
+                       rows: int) -> None:
+        """One batch's statistics computed in the session (session_stats.py): float32 XᵀX of the counted
+        rows and column sums of |x|, summed here in the accumulators' types."""
+        self.acc32 = self.acc32 + sum_all.astype(np.float32)
+        self.reduced = True
+        self.rows_all += rows_all
+        self.sum_abs += sum_counted.astype(np.float64)
+        if self.gram is not None:
+            self.gram += gram
+        elif self.gram_block > 0:
+            B = self.gram_block
+            for g in range(self.gblocks.shape[0]):
+                kb = min(B, self.K - g * B)
+                self.gblocks[g, :kb, :kb] += gram[g * B:g * B + kb, g * B:g * B + kb]
+        if not np.isfinite(self.sum_abs).all():
+            self.nonfinite += 1
+        self.rows += rows
+
     def _buffer(self, X: np.ndarray) -> None:
         i = 0
         while i < X.shape[0]:
@@ -435,7 +458,7 @@ class Accumulator:
         return g
 
     def mean_abs_np(self) -> np.ndarray:
-        if self.K == 1:
+        if self.K == 1 and not self.reduced:
             col = np.concatenate(self.col1).reshape(-1, 1) if self.col1 else np.zeros((0, 1), np.float32)
             return col.mean(0).astype(np.float32)
         out = np.empty(self.K, np.float32)
@@ -477,6 +500,40 @@ class StatsRunner:
             for f in futures:   # a failed update ends the run: drop what has not started
                 f.cancel()
             raise
+
+    @staticmethod
+    def run_reduced(accs: dict, group: list, acts, sess, fetch: list, feeds: dict, counted, samplers: dict,
+                    model_path: str, bi: int) -> None:
+        """One batch with the statistics computed by the session (session_stats.py)."""
+        from session_stats import COUNTED, SUFFIXES, counted_column, numpy_stats
+        outs = [n + sfx for n in fetch for sfx in SUFFIXES] + (list(fetch) if samplers else [])
+        got = {}
+        if sess is not None:
+            try:
+                got = dict(zip(outs, sess.run(outs, {**feeds, COUNTED: counted_column(counted)})))
+            except Exception as e:  # noqa: BLE001
+                raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
+                                 f"({first_line(e)})") from None
+        for i in group:
+            name, K = acts[i]
+            if name in got or name + SUFFIXES[0] in got:
+                gram, s_cnt, s_all, shape = (got.pop(name + sfx) for sfx in SUFFIXES)
+                R = int(shape[0])
+                if int(shape[1]) != K:
+                    raise CalibError(f"{model_path}: activation '{name}' has last dimension {int(shape[1])}, "
+                                     f"not K = {K} (--activations)")
+            else:   # a graph input: the feed itself
+                X = np.asarray(feeds[name]).reshape(-1, K)
+                R = X.shape[0]
+                gram, s_cnt, s_all = numpy_stats(X, counted if counted is not None and counted.size == R else None)
+            if counted is not None and counted.size != R:
+                raise CalibError(f"{model_path}: activation '{name}' has {R} rows per batch, the attention mask "
+                                 f"{counted.size} tokens: --mask_padding 1 cannot tell its padding rows")
+            if samplers:
+                x = got.pop(name) if name in got else np.asarray(feeds[name])
+                samplers[i].update(x.reshape(-1, K), name)
+            with np.errstate(all="ignore"):
+                accs[i].update_reduced(gram, s_cnt, s_all, R, R if counted is None else int(counted.sum()))
 
     def close(self) -> None:
         if self.pool is not None:
@@ -690,6 +747,25 @@ def layer_mode(a, model, acts):
     return lay
 
 
+def count_tokens(tt: int, tu: int, tok_mask, flat_mask, feeds) -> tuple[int, int]:
+    """Tokens so far (all, unpadded) after one more batch."""
+    if tok_mask is not None:
+        return tt + tok_mask.size, tu + int(flat_mask.sum())
+    if "input_ids" in feeds:
+        return tt + feeds["input_ids"].size, tu + feeds["input_ids"].size
+    return tt, tu
+
+
+def log_batch(gi: int, passes: int, bi: int, n_batches: int, t1: float, t2: float, t3: float) -> None:
+    log(f"pass {gi + 1}/{passes} batch {bi + 1}/{n_batches}: run {t2 - t1:.2f} s, stats {t3 - t2:.2f} s")
+
+
+def session_model_bytes(cut: bytes, acts: list[tuple[str, int]], keep_rows: bool) -> bytes:
+    import onnx
+    from session_stats import add_stat_outputs
+    return add_stat_outputs(onnx.load_from_string(cut), acts, keep_rows).SerializeToString()
+
+
 def capture(a) -> int:
     t0 = time.time()
     if a.calib_size < 1 or a.seq_len < 1 or a.batch_size < 1:
@@ -742,6 +818,13 @@ def capture(a) -> int:
     if a.gram_block < 0:
         raise CalibError("--gram_block must be >= 0")
     groups = group_by_budget(acts, a.budget_mb * 2**20, a.gram_block)
+    # A GPU provider computes the statistics itself (session_stats.py); the CPU keeps numpy's exact order.
+    in_session = a.stats_in_session == "on" or (a.stats_in_session == "auto" and
+                                                providers[0][0] != "CPUExecutionProvider")
+    if in_session and layered is not None:   # not combined yet: the segment's statistics go through numpy
+        if a.stats_in_session == "on":
+            warn("--stats_in_session on: no effect layer by layer (the statistics are computed with numpy)")
+        in_session = False
     stats = StatsRunner(a.threads)
     _release_large_blocks()
     graph_inputs = {vi.name for vi in model.graph.input}
@@ -756,19 +839,30 @@ def capture(a) -> int:
         names = [acts[i][0] for i in group]
         fetch = [n for n in names if n not in graph_inputs]
         sess = None
+        samplers = {i: TokenSampler(a.sample_tokens, batches.n_batches) for i in group} if a.sample_tokens > 0 else {}
         if layered is not None:
             fetch = layered.fetch(names, carry=gi == 0)
         elif fetch:
-            sess = make_session(augmented_model_bytes(model, fetch), model_dir, providers, model_path)
+            cut = augmented_model_bytes(model, fetch)
+            if in_session:
+                cut = session_model_bytes(cut, [(n, K) for n, K in (acts[i] for i in group) if n in fetch],
+                                          bool(samplers))
+            sess = make_session(cut, model_dir, providers, model_path)
             provider_used = provider_used or sess.get_providers()[0]
         accs = {i: Accumulator(acts[i][0], acts[i][1], gram_block=a.gram_block) for i in group}
-        samplers = {i: TokenSampler(a.sample_tokens, batches.n_batches) for i in group} if a.sample_tokens > 0 else {}
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()
             if layered is not None and sess is None and fetch:
                 sess = make_session(layered.model_bytes(fetch), model_dir, providers, model_path)
                 provider_used = provider_used or sess.get_providers()[0]
+            flat_mask = None if tok_mask is None else (np.asarray(tok_mask) != 0).reshape(-1)
+            if in_session:
+                counted = flat_mask if a.mask_padding and flat_mask is not None and not flat_mask.all() else None
+                stats.run_reduced(accs, group, acts, sess, fetch, feeds, counted, samplers, model_path, bi)
+                log_batch(gi, len(groups), bi, batches.n_batches, t1, time.time(), time.time())
+                tt, tu = count_tokens(tt, tu, tok_mask, flat_mask, feeds)
+                continue
             if sess is not None:
                 try:
                     vals = sess.run(fetch, feeds if layered is None else layered.inputs(feeds))
@@ -782,16 +876,10 @@ def capture(a) -> int:
             t2 = time.time()
             if layered is not None and gi == 0:
                 layered.save_next(bi, feeds, tok_mask, got)
-            flat_mask = None if tok_mask is None else (np.asarray(tok_mask) != 0).reshape(-1)
-            if tok_mask is not None:
-                tt += tok_mask.size
-                tu += int(flat_mask.sum())
-            elif layered is not None:
-                tt += layered.tokens
-                tu += layered.tokens
-            elif "input_ids" in feeds:
-                tt += feeds["input_ids"].size
-                tu += feeds["input_ids"].size
+            if layered is not None and tok_mask is None:   # the boundary carries the token count
+                tt, tu = tt + layered.tokens, tu + layered.tokens
+            else:
+                tt, tu = count_tokens(tt, tu, tok_mask, flat_mask, feeds)
             work = []
             for i in group:
                 name, K = acts[i]
@@ -815,9 +903,7 @@ def capture(a) -> int:
                 del x, X
             stats.run(accs, work)
             del work
-            t3 = time.time()
-            log(f"pass {gi + 1}/{len(groups)} batch {bi + 1}/{batches.n_batches}: run {t2 - t1:.2f} s, "
-                f"stats {t3 - t2:.2f} s")
+            log_batch(gi, len(groups), bi, batches.n_batches, t1, t2, time.time())
         tokens_total, tokens_unpadded = tt, tu
         del sess
         if layered is not None and gi == 0:
@@ -862,6 +948,7 @@ def capture(a) -> int:
              "batch_size": batches.batch_size, "provider": provider_used or providers[0][0],
              "mask_padding": bool(a.mask_padding), "tokens_total": tokens_total,
              "tokens_unpadded": tokens_unpadded, "passes": len(groups), "source": batches.source,
+             "stats": "session" if in_session else "numpy",
              "activations": entries}
     try:
         tmp = os.path.join(out_dir, "index.json.tmp")

@@ -95,10 +95,11 @@ class CudaBackend final : public Backend {
   // block errors into err_gn ([G, N]).
   void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
                       QuantResult& out, std::vector<double>& err_gn);
-  // The RTN family: per column panel, `run(panel view, panel buffers, shape)` launches one body.
+  // The RTN family: per column panel, `run(panel, panel buffers)` launches its bodies; the panel is
+  // as wide as fits beside `fixed` bytes with `scratch_per_column` more bytes for each column.
   template <class Run>
   void quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
-                       const Run& run);
+                       const Run& run, uint64_t scratch_per_column = 0);
   template <class T>
   DeviceBuffer<T> upload(const T* p, size_t n);
   template <class T>

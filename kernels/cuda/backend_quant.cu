@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/awq_kernels.h"
 #include "kernels/cuda/backend_impl.h"
+#include "kernels/cuda/clip_kernels.h"
 #include "kernels/cuda/launch.h"
 
 namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
@@ -79,7 +80,7 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
 
 template <class Run>
 void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
-                                  const Run& run) {
+                                  const Run& run, uint64_t scratch_per_column) {
   check(spec);
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
@@ -87,7 +88,7 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   out.scales.assign(size_t(G * N), 0.0f);
   out.zero_points.assign(spec.zero_point ? size_t(G * N) : 0, 0);
   std::vector<double> err_gn(size_t(G * N), 0.0);
-  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(G) * (4 + 1 + 8);
+  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(G) * (4 + 1 + 8) + scratch_per_column;
   const int64_t width = panel_width(fixed, per_col, N, "quantize");
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     Panel p = upload_panel(w, n0, std::min(width, N - n0));
@@ -156,10 +157,29 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
     dev_->synchronize();
   }
   const DeviceBuffer<float> r_d = upload(ratios.data(), ratios.size());
-  quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
-    launch(int64_t(q.scales.size()),
-           ClipGramBody{p.view, shape_of(spec, w.dtype), q.out(), gb.get(), r_d.get(), R, C});
-  });
+  // Per column: D and E ([G·B] floats each), the block range, the best loss and candidate.
+  const uint64_t scratch = uint64_t(G) * (2 * uint64_t(B) * 4 + sizeof(BlockRange) + 8 + 4);
+  quantize_panels(
+      w, spec, 0, out,
+      [&](Panel& p, DeviceQuant& q) {
+        const int64_t wd = p.width, cells = G * wd;
+        const BlockShape shape = shape_of(spec, w.dtype);
+        DeviceBuffer<float> d(*dev_, size_t(G * B * wd)), e(*dev_, size_t(G * B * wd));
+        DeviceBuffer<BlockRange> range(*dev_, size_t(cells));
+        DeviceBuffer<double> best_loss(*dev_, size_t(cells));
+        DeviceBuffer<int> best_ci(*dev_, size_t(cells));
+        dev_->fill_zero(d.get(), d.bytes());  // the rows of a partial last block past K stay zero
+        launch(cells, ClipRangeBody{p.view, shape, range.get()});
+        for (int64_t ci = 0; ci < C; ++ci) {
+          launch(K * wd, ClipResidualBody{p.view, shape, range.get(), r_d.get(), R, ci, d.get()});
+          // E_g = G_g · D_g for every block g: column-major, D_g is the [wd, B] matrix D_gᵀ.
+          la_->sgemm_strided_batched(Op::kN, Op::kN, int(wd), int(B), int(B), 1.0f, d.get(), int(wd), B * wd,
+                                     gb.get(), int(B), B * B, 0.0f, e.get(), int(wd), B * wd, int(G));
+          launch(cells, ClipLossBody{K, wd, B, ci, d.get(), e.get(), best_loss.get(), best_ci.get()});
+        }
+        launch(cells, ClipWriteBody{p.view, shape, q.out(), range.get(), r_d.get(), R, best_ci.get()});
+      },
+      scratch);
 }
 
 }  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

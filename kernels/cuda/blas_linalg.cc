@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/linalg.h"
+#include "kernels/parallel.h"
 
 extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
 
@@ -21,6 +22,15 @@ class BlasLinAlg final : public LinAlg {
   void sgemm(Op ta, Op tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
              float beta, float* C, int ldc) override {
     cblas_sgemm(CblasColMajor, op(ta), op(tb), m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void sgemm_strided_batched(Op ta, Op tb, int m, int n, int k, float alpha, const float* A, int lda, long long sa,
+                             const float* B, int ldb, long long sb, float beta, float* C, int ldc, long long sc,
+                             int batch) override {
+    // The batch is the parallel part here, as it is on a GPU; each product is one single-threaded call.
+    parallel_for(batch, [&](int64_t i) {
+      cblas_sgemm(CblasColMajor, op(ta), op(tb), m, n, k, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc,
+                  ldc);
+    });
   }
   void ssyrk(Fill fill, Op trans, int n, int k, float alpha, const float* A, int lda, float beta, float* C,
              int ldc) override {

@@ -37,6 +37,13 @@ class CublasLinAlg final : public LinAlg {
              float beta, float* C, int ldc) override {
     check(cublasSgemm(blas_, op(ta), op(tb), m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc), "sgemm");
   }
+  void sgemm_strided_batched(Op ta, Op tb, int m, int n, int k, float alpha, const float* A, int lda, long long sa,
+                             const float* B, int ldb, long long sb, float beta, float* C, int ldc, long long sc,
+                             int batch) override {
+    check(cublasSgemmStridedBatched(blas_, op(ta), op(tb), m, n, k, &alpha, A, lda, sa, B, ldb, sb, &beta, C, ldc, sc,
+                                    batch),
+          "sgemm strided batched");
+  }
   void ssyrk(Fill fill, Op trans, int n, int k, float alpha, const float* A, int lda, float beta, float* C,
              int ldc) override {
     check(cublasSsyrk(blas_, fill_mode(fill), op(trans), n, k, &alpha, A, lda, &beta, C, ldc), "ssyrk");

@@ -20,6 +20,10 @@ class LinAlg {
   // C = alpha op(A) op(B) + beta C; C is m x n, op(A) m x k.
   virtual void sgemm(Op ta, Op tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
                      float beta, float* C, int ldc) = 0;
+  // `batch` independent sgemms, matrix i at A + i·sa, B + i·sb, C + i·sc (cublasSgemmStridedBatched).
+  virtual void sgemm_strided_batched(Op ta, Op tb, int m, int n, int k, float alpha, const float* A, int lda,
+                                     long long sa, const float* B, int ldb, long long sb, float beta, float* C, int ldc,
+                                     long long sc, int batch) = 0;
   // C = alpha op(A) op(A)ᵀ + beta C on the `fill` triangle of the n x n C; op(A) is n x k.
   virtual void ssyrk(Fill fill, Op trans, int n, int k, float alpha, const float* A, int lda, float beta, float* C,
                      int ldc) = 0;

@@ -141,7 +141,7 @@ def run_capture(*args, cwd=None, env=None):
     return p
 
 
-def capture_ok(model: str, out: str, acts: str, *args, env=None) -> dict:
+def capture_ok(model: str, out: str, acts: str, *args, env=None, gram_reader=True) -> dict:
     """Runs capture, asserts exit 0 and an untouched model folder; returns the index with arrays loaded."""
     before = folder_digest(os.path.dirname(model))
     p = run_capture("capture", "--model", model, "--out", out, "--activations", acts, "--eps", "cpu", *args,
@@ -155,7 +155,8 @@ def capture_ok(model: str, out: str, acts: str, *args, env=None) -> dict:
         K = e["K"]
         e["_mean"] = np.fromfile(os.path.join(out, e["mean_abs_np"]), "<f4")
         e["_sum"] = np.fromfile(os.path.join(out, e["sum_abs"]), "<f8")
-        e["_gram"] = np.fromfile(os.path.join(out, e["gram"]), "<f8").reshape(K, K)
+        if gram_reader:
+            e["_gram"] = np.fromfile(os.path.join(out, e["gram"]), "<f8").reshape(K, K)
         assert e["_mean"].shape == (K,) and e["_sum"].shape == (K,)
     idx["_stderr"] = p.stderr
     return idx
@@ -290,6 +291,39 @@ def test_npz_stats_equal_numpy(tiny, tmp_path, mask_padding, gram):
     assert idx["tokens_unpadded"] == int(sum(m.sum() for m in masks)) < 6 * 37
     rows = {e["name"]: e["rows"] for e in idx["activations"]}
     assert rows["h0"] == (idx["tokens_unpadded"] if mask_padding else 6 * 37)
+
+
+@pytest.mark.parametrize("dtype,mask_padding", [("fp32", 0), ("fp32", 1), ("fp16", 0), ("fp16", 1)])
+def test_stats_in_session_equal_numpy(tiny, tiny_fp16, tmp_path, dtype, mask_padding):
+    """--stats_in_session on (the path a GPU provider takes: XᵀX and the |x| sums computed by the
+    session's own MatMul and ReduceSum) against the numpy path on the CPU provider: rows equal, sums and
+    Gram within float32 accuracy (another summation order), the token sample and Gram blocks too."""
+    model = tiny if dtype == "fp32" else tiny_fp16
+    rng = np.random.default_rng(5)
+    npz = make_npz(str(tmp_path), 6, 37, rng, dtype=dtype)
+    acts = acts_json(str(tmp_path))
+    common = ("--calib_data", npz, "--calib_size", 6, "--batch_size", 2, "--mask_padding", mask_padding,
+              "--sample_tokens", 16)
+    a = capture_ok(model, tmp_path / "numpy", acts, *common, "--stats_in_session", "off")
+    b = capture_ok(model, tmp_path / "session", acts, *common, "--stats_in_session", "on")
+    assert a["stats"] == "numpy" and b["stats"] == "session"
+    for x, y in zip(a["activations"], b["activations"]):
+        assert x["name"] == y["name"] and x["rows"] == y["rows"] and x["rows_all"] == y["rows_all"]
+        scale = np.abs(x["_gram"]).max()
+        assert np.abs(x["_gram"] - y["_gram"]).max() <= 1e-5 * scale, x["name"]
+        np.testing.assert_allclose(y["_sum"], x["_sum"], rtol=1e-5, err_msg=x["name"])
+        np.testing.assert_allclose(y["_mean"], x["_mean"], rtol=1e-5, err_msg=x["name"])
+        ts = [np.fromfile(os.path.join(tmp_path, d, e["token_sample"]), "<f4") for d, e in (("numpy", x), ("session", y))]
+        assert ts[0].size > 0 and np.array_equal(ts[0], ts[1]), x["name"]
+    c = capture_ok(model, tmp_path / "blocks", acts, *common, "--stats_in_session", "on", "--gram_block", 8,
+                   gram_reader=False)
+    for x, y in zip(b["activations"], c["activations"]):
+        K = x["K"]
+        blocks = np.fromfile(os.path.join(tmp_path, "blocks", y["gram"]), "<f8").reshape(-1, 8, 8)
+        for g in range(blocks.shape[0]):
+            kb = min(8, K - 8 * g)
+            np.testing.assert_allclose(blocks[g, :kb, :kb], x["_gram"][8 * g:8 * g + kb, 8 * g:8 * g + kb],
+                                       rtol=1e-6, atol=1e-6 * np.abs(x["_gram"]).max(), err_msg=x["name"])
 
 
 def test_fp16_model_stats(tiny_fp16, tmp_path):

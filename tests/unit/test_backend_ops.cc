@@ -144,6 +144,20 @@ TEST(CudaEmulated, LinAlgIsColumnMajorBlas) {
       for (int p = 0; p < k; ++p) want += 2.0f * A[p * m + i] * B[j * k + p];
       EXPECT_FLOAT_EQ(C[j * m + i], want) << i << "," << j;
     }
+  // Strided batch: matrix i of A, B and C at i·stride; each equals its own plain sgemm.
+  const int batch = 3;
+  std::vector<float> BA(m * k * batch), BB(k * n * batch), BC(m * n * batch, 0.0f);
+  for (size_t i = 0; i < BA.size(); ++i) BA[i] = float(i % 11) - 5.0f;
+  for (size_t i = 0; i < BB.size(); ++i) BB[i] = float(i % 3) * 0.25f;
+  la->sgemm_strided_batched(gpu::Op::kN, gpu::Op::kN, m, n, k, 1.0f, BA.data(), m, m * k, BB.data(), k, k * n, 0.0f,
+                            BC.data(), m, m * n, batch);
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        float want = 0;
+        for (int p = 0; p < k; ++p) want += BA[b * m * k + p * m + i] * BB[b * k * n + j * k + p];
+        EXPECT_FLOAT_EQ(BC[b * m * n + j * m + i], want) << b << ":" << i << "," << j;
+      }
   std::vector<float> S(m * m, 0.0f);  // S = A Aᵀ, lower triangle
   la->ssyrk(gpu::Fill::kLower, gpu::Op::kN, m, k, 1.0f, A.data(), m, 0.0f, S.data(), m);
   for (int i = 0; i < m; ++i)
@@ -168,6 +182,35 @@ TEST(CudaEmulated, LinAlgIsColumnMajorBlas) {
   EXPECT_DOUBLE_EQ(P[3], 2.0);
   std::vector<double> Q = {1, 2, 2, 1};
   EXPECT_GT(la->dpotrf(gpu::Fill::kLower, 2, Q.data(), 2), 0);
+}
+
+// The Gram clip search in column panels (a 3 MiB device for a 900 KB weight, its Gram blocks resident):
+// the same choices as the reference, and as one panel holding every column.
+TEST(CudaEmulated, GramClipSearchStreamsInPanels) {
+  if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";
+  auto ref = make_reference_backend();
+  const check::Case c{DType::kFloat16, 0, 1100, 409, 128, 4, false};
+  const check::Weight w = check::make_weight(c, 5);
+  const int64_t K = c.K, B = c.block, G = num_blocks(K, B);
+  const auto gram = check::gram(300, K, 31);
+  std::vector<double> blocks(size_t(G * B * B), 0.0);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < B && g * B + i < K; ++i)
+      for (int64_t j = 0; j < B && g * B + j < K; ++j)
+        blocks[size_t((g * B + i) * B + j)] = gram[size_t((g * B + i) * K + g * B + j)];
+  const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f, 0.6f}, true};
+  QuantResult want, narrow, wide;
+  ref->clip_quantize_gram(w.m, c.spec(), blocks.data(), B, nullptr, opt, want);
+  auto small = emulated(3u << 20), big = emulated(1u << 30);
+  small->clip_quantize_gram(w.m, c.spec(), blocks.data(), B, nullptr, opt, narrow);
+  big->clip_quantize_gram(w.m, c.spec(), blocks.data(), B, nullptr, opt, wide);
+  EXPECT_EQ(want.codes, narrow.codes);
+  EXPECT_EQ(want.scales, narrow.scales);
+  EXPECT_EQ(wide.codes, narrow.codes);
+  EXPECT_EQ(wide.scales, narrow.scales);
+  EXPECT_LE(small->device_memory().peak, uint64_t(3u << 20));
+  // More than one panel: a single one would need the whole weight's D and E (2 x 4.5 MB).
+  EXPECT_GT(big->device_memory().peak, uint64_t(3u << 20));
 }
 
 // A weight larger than the device budget quantizes in column panels: the same bits as the reference,

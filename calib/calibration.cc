@@ -289,6 +289,12 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
   if (o.threads > 0) add("--threads", std::to_string(o.threads));
   if (extras.sample_tokens > 0) add("--sample_tokens", std::to_string(extras.sample_tokens));
   if (extras.gram_block > 0) add("--gram_block", std::to_string(extras.gram_block));
+  if (!extras.layer_state.empty()) {
+    add("--layer_state", extras.layer_state);
+    add("--layer_groups", extras.layer_groups);
+    add("--layer", std::to_string(extras.layer));
+    if (!extras.layer_weights.empty()) add("--layer_weights", extras.layer_weights);
+  }
   return argv;
 }
 
@@ -325,6 +331,29 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
   }
   c->read_index(acts);
   return c;
+}
+
+void Calibration::advance(const CalibrationOptions& o, const std::string& model_path,
+                          const std::vector<Request>& acts, const Extras& extras) {
+  std::string tmpl = (fs::temp_directory_path() / "nibble-calib-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
+  const fs::path dir(tmpl);
+  nlohmann::json req = nlohmann::json::array();
+  for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
+  std::error_code ec;
+  try {
+    {
+      std::ofstream f(dir / "activations.json");
+      f << req.dump();
+    }
+    auto argv = capture_argv(o, model_path, dir, false, extras);
+    argv.push_back("--layer_advance");
+    run_child(argv, "calibration: ", o.quiet);
+  } catch (...) {
+    fs::remove_all(dir, ec);
+    throw;
+  }
+  fs::remove_all(dir, ec);
 }
 
 void Calibration::read_index(const std::vector<Request>& acts) {

@@ -45,6 +45,14 @@ struct ActivationStats {
 struct CalibrationExtras {
   int64_t sample_tokens = 0;
   int64_t gram_block = 0;
+  // Layer by layer (calib/README.md): measure only layer group `layer` of `layer_groups` (a JSON file of
+  // activation names per group), its inputs read from and its outputs for the next group written to
+  // the state folder `layer_state`.
+  std::string layer_state, layer_groups;
+  int layer = -1;
+  // Quantized layers fed forward: the folder of what is quantized so far (calib/layers.py reads it); the
+  // statistics run then leaves the next boundary to Calibration::advance.
+  std::string layer_weights;
 };
 
 class Calibration {
@@ -60,6 +68,10 @@ class Calibration {
                                           const std::vector<Request>& activations, bool mask_padding,
                                           const Extras& extras = {});
   ~Calibration();
+  // Layer by layer with the quantized layers fed forward: runs layer group extras.layer once more, with
+  // the weights quantized so far, for the boundary of the next group only (no statistics).
+  static void advance(const CalibrationOptions& options, const std::string& model_path,
+                      const std::vector<Request>& activations, const Extras& extras);
 
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).

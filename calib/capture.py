@@ -121,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sample_tokens", type=int, default=0,
                    help="also keep the token rows 0, step, 2*step, ... (step = max(1, T // N), T = all rows of "
                         "all batches, padding included): ModelOpt's awq_clip sample (max_tokens = N); 0 = off")
+    c.add_argument("--layer_state", default=None,
+                   help="layer by layer: the state folder holding the boundary activations between layers")
+    c.add_argument("--layer_groups", default=None,
+                   help="layer by layer: GROUPS.json, the activation names of every layer group in order")
+    c.add_argument("--layer", type=int, default=-1, help="layer by layer: the group to measure (0-based)")
+    c.add_argument("--layer_weights", default=None,
+                   help="layer by layer, quantized layers fed forward: the folder of what nibble quantized so "
+                        "far (eff_<g>.json); those weights run dequantized, and the boundary for the next group "
+                        "is left to --layer_advance")
+    c.add_argument("--layer_advance", action="store_true",
+                   help="layer by layer: no statistics, only the boundary for the next group, computed with "
+                        "--layer_weights")
     c.add_argument("--stats_in_session", choices=["auto", "on", "off"], default="auto",
                    help="compute X^T X and the |x| sums inside the ONNX Runtime session (on the provider's "
                         "device) instead of with numpy on the host; auto: on for a provider other than CPU")
@@ -643,6 +655,98 @@ def _write(path: str, arr: np.ndarray, dtype: str) -> None:
     os.replace(tmp, path)
 
 
+class _Layered:
+    """capture's view of one layer group (calib/layers.py): its batches come from the state folder,
+    its session is the group's segment, and what crosses into the next segment is saved per batch."""
+
+    def __init__(self, a, model, acts):
+        from layers import LayerCut, read_groups
+        groups = read_groups(a.layer_groups)
+        if not 0 <= a.layer < len(groups):
+            raise CalibError(f"--layer {a.layer}: --layer_groups has {len(groups)} groups")
+        if sorted(groups[a.layer]) != sorted(n for n, _ in acts):
+            raise CalibError(f"--layer {a.layer}: --activations and group {a.layer} of --layer_groups differ")
+        self.a, self.model = a, model
+        self.cut = LayerCut(model, groups)
+        from layers import effective_weights
+        self.eff = effective_weights(a.layer_weights)
+        # quantized layers fed forward: the statistics run leaves the boundary to the advance run
+        self.writes_next = a.layer_advance or not a.layer_weights
+
+    def open(self, source_batches):
+        from layers import LayerBatches
+        self.lb = LayerBatches(self.a.layer_state, self.cut, self.a.layer, source_batches)
+        for k in ("n_batches", "samples", "batch_size", "seq_len", "source"):
+            setattr(self, k, getattr(self.lb, k))
+
+    def __iter__(self):
+        return iter(self.lb)
+
+    @property
+    def tokens(self):
+        return self.lb.tokens
+
+    def fetch(self, names, carry):
+        s = self.a.layer
+        own = [n for n in names if self.cut.produced_in.get(n, -1) == s]
+        if carry and self.writes_next:
+            self.lb.begin_next()
+            own += [t for t in self.lb.carry if t not in own]
+        return own
+
+    def inputs(self, feeds):
+        """The feeds the segment reads (the boundary holds what later segments need too)."""
+        return {t: feeds[t] for t in self.seg_inputs}
+
+    def model_bytes(self, fetch):
+        b = self.cut.model_bytes(self.model, self.a.layer, self.lb.in_types, fetch, self.eff)
+        if self.cut.substituted:
+            log(f"layer group {self.a.layer}: {self.cut.substituted} weight(s) run dequantized")
+        self.seg_inputs = self.cut.last_inputs
+        return b
+
+    def save_next(self, bi, feeds, mask, got):
+        if not self.writes_next:
+            return
+        self.lb.save_next(bi, feeds, mask, got)
+        for t in self.lb.carry:     # not an activation of this group: not counted below
+            if t not in self.names:
+                got.pop(t, None)
+
+    def finish_next(self):
+        if self.writes_next:
+            self.lb.finish_next()
+
+    def advance(self, model_dir, providers, model_path):
+        """--layer_advance: the group's segment run once more, only for the boundary of the next group."""
+        fetch = [] if self.lb.last else list(self.lb.carry)
+        if not fetch:
+            return False
+        self.lb.begin_next()
+        sess = None
+        for bi, (feeds, mask) in enumerate(self):
+            if sess is None:
+                sess = make_session(self.model_bytes(fetch), model_dir, providers, model_path)
+            try:
+                vals = sess.run(fetch, self.inputs(feeds))
+            except Exception as e:  # noqa: BLE001
+                raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
+                                 f"({first_line(e)})") from None
+            self.lb.save_next(bi, feeds, mask, dict(zip(fetch, vals)))
+        self.lb.finish_next()
+        return True
+
+
+def layer_mode(a, model, acts):
+    if a.layer_state is None:
+        return None
+    if a.layer_groups is None or a.layer < 0:
+        raise CalibError("--layer_state needs --layer_groups and --layer")
+    lay = _Layered(a, model, acts)
+    lay.names = {n for n, _ in acts}
+    return lay
+
+
 def count_tokens(tt: int, tu: int, tok_mask, flat_mask, feeds) -> tuple[int, int]:
     """Tokens so far (all, unpadded) after one more batch."""
     if tok_mask is not None:
@@ -687,13 +791,22 @@ def capture(a) -> int:
 
     if a.calib_data and a.random_calib:
         raise CalibError("--calib_data and --use_random_calib contradict each other (give one)")
-    if a.random_calib:
-        batches = random_batches(model, model_path, specs, opts, a.calib_size, a.seq_len, a.batch_size)
-    elif a.calib_data:
-        batches = NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
-    else:
-        batches = text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,
-                               a.batch_size)
+
+    def source_batches():
+        if a.random_calib:
+            return random_batches(model, model_path, specs, opts, a.calib_size, a.seq_len, a.batch_size)
+        if a.calib_data:
+            return NpzBatches(a.calib_data, model_path, specs, opts, a.calib_size, a.batch_size)
+        return text_batches(model_path, specs, opts, a.dataset, a.tokenizer, a.calib_size, a.seq_len,
+                            a.batch_size)
+    layered = layer_mode(a, model, acts)
+    batches = layered if layered is not None else source_batches()
+    if layered is not None:
+        layered.open(source_batches)
+    if layered is not None and a.layer_advance:
+        if layered.advance(model_dir, select_providers(a.eps), model_path):
+            log(f"layer group {a.layer}: boundary for the next group written, {time.time() - t0:.1f} s")
+        return 0
     providers = select_providers(a.eps)
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -708,6 +821,10 @@ def capture(a) -> int:
     # A GPU provider computes the statistics itself (session_stats.py); the CPU keeps numpy's exact order.
     in_session = a.stats_in_session == "on" or (a.stats_in_session == "auto" and
                                                 providers[0][0] != "CPUExecutionProvider")
+    if in_session and layered is not None:   # not combined yet: the segment's statistics go through numpy
+        if a.stats_in_session == "on":
+            warn("--stats_in_session on: no effect layer by layer (the statistics are computed with numpy)")
+        in_session = False
     stats = StatsRunner(a.threads)
     _release_large_blocks()
     graph_inputs = {vi.name for vi in model.graph.input}
@@ -723,7 +840,9 @@ def capture(a) -> int:
         fetch = [n for n in names if n not in graph_inputs]
         sess = None
         samplers = {i: TokenSampler(a.sample_tokens, batches.n_batches) for i in group} if a.sample_tokens > 0 else {}
-        if fetch:
+        if layered is not None:
+            fetch = layered.fetch(names, carry=gi == 0)
+        elif fetch:
             cut = augmented_model_bytes(model, fetch)
             if in_session:
                 cut = session_model_bytes(cut, [(n, K) for n, K in (acts[i] for i in group) if n in fetch],
@@ -734,6 +853,9 @@ def capture(a) -> int:
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()
+            if layered is not None and sess is None and fetch:
+                sess = make_session(layered.model_bytes(fetch), model_dir, providers, model_path)
+                provider_used = provider_used or sess.get_providers()[0]
             flat_mask = None if tok_mask is None else (np.asarray(tok_mask) != 0).reshape(-1)
             if in_session:
                 counted = flat_mask if a.mask_padding and flat_mask is not None and not flat_mask.all() else None
@@ -743,7 +865,7 @@ def capture(a) -> int:
                 continue
             if sess is not None:
                 try:
-                    vals = sess.run(fetch, feeds)
+                    vals = sess.run(fetch, feeds if layered is None else layered.inputs(feeds))
                 except Exception as e:  # noqa: BLE001
                     raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
                                      f"({first_line(e)})") from None
@@ -752,7 +874,12 @@ def capture(a) -> int:
             else:
                 got = {}
             t2 = time.time()
-            tt, tu = count_tokens(tt, tu, tok_mask, flat_mask, feeds)
+            if layered is not None and gi == 0:
+                layered.save_next(bi, feeds, tok_mask, got)
+            if layered is not None and tok_mask is None:   # the boundary carries the token count
+                tt, tu = tt + layered.tokens, tu + layered.tokens
+            else:
+                tt, tu = count_tokens(tt, tu, tok_mask, flat_mask, feeds)
             work = []
             for i in group:
                 name, K = acts[i]
@@ -779,6 +906,8 @@ def capture(a) -> int:
             log_batch(gi, len(groups), bi, batches.n_batches, t1, t2, time.time())
         tokens_total, tokens_unpadded = tt, tu
         del sess
+        if layered is not None and gi == 0:
+            layered.finish_next()
         for i in group:
             acc = accs.pop(i)
             # An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.

@@ -131,6 +131,14 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
                "(com.microsoft.MatMulNBits)");
   q.add_option("--threads", o.threads, "Worker threads (0: all cores)")->capture_default_str();
   q.add_flag("--force", o.force, "Overwrite an existing output model (never the input)");
+  q.add_flag("--layer_by_layer", o.layer_by_layer,
+             "Calibrate, search and quantize one decoder layer at a time: memory and temporary disk hold one "
+             "layer's statistics and the calibration windows' boundary activations, whatever the depth");
+  q.add_flag("--feed_quantized", o.feed_quantized,
+             "With --layer_by_layer: calibrate each layer on the outputs of the already-quantized layers before "
+             "it (as sequential GPTQ and AutoAWQ do) instead of the float model's");
+  q.add_flag("--resume", o.resume,
+             "With --layer_by_layer: continue a stopped run (same flags) from its first unfinished layer");
   q.add_option("--report", o.report, "Write a JSON report: flags, per-weight shape, bits, block, error, timings");
   q.add_flag("--quiet", o.quiet, "Only warnings and errors");
   q.add_flag("--verbose", o.verbose, "Debug output (skipped nodes and why)");

@@ -54,6 +54,11 @@ struct QuantizeOptions {
   std::optional<Format> format;  // absent: dq for rtn_dq and the AWQ algorithms, qdq for rtn
   int threads = 0;               // 0: all cores
   bool force = false;
+  // Calibrate, search and quantize one decoder layer at a time (host/run/layers.h); --resume continues
+  // a stopped run from its first unfinished layer.
+  bool layer_by_layer = false;
+  bool resume = false;
+  bool feed_quantized = false;  // layer L+1 calibrated on the outputs of the quantized layers 0..L
   std::string report;
   std::string config;
   bool quiet = false;

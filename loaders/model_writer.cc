@@ -1,6 +1,7 @@
 #include "loaders/model_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -93,12 +94,38 @@ ModelWriter::ModelWriter(const std::string& out_path, const Options& options) {
   const std::string tag = kTmpTag + std::to_string(::getpid());
   tmp_graph_ = (dir / ("." + out.filename().string() + tag)).string();
   tmp_data_ = (dir / ("." + data_location_ + tag)).string();
-  data_fd_ = ::open(tmp_data_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  resumable_ = !options.resumable_data.empty();
+  if (resumable_) {
+    tmp_data_ = options.resumable_data;
+    resume_bytes_ = options.resume_bytes;
+  }
+  data_fd_ = ::open(tmp_data_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resume_bytes_ ? 0 : O_TRUNC), 0644);
   if (data_fd_ < 0) {
     const int e = errno;
     cleanup();
     throw Error("cannot write in output folder " + dir.string() + ": " + errno_text(e));
   }
+  if (resume_bytes_) {  // what the stopped run wrote after its last finished layer is dropped
+    struct stat st {};
+    if (::fstat(data_fd_, &st) != 0 || uint64_t(st.st_size) < resume_bytes_ || ::ftruncate(data_fd_, off_t(resume_bytes_)) != 0 ||
+        ::lseek(data_fd_, 0, SEEK_END) < 0) {
+      cleanup();
+      throw Error("cannot resume: " + options.resumable_data + " is shorter than its checkpoint says");
+    }
+  }
+}
+
+void ModelWriter::begin_replay(std::vector<std::string> inline_log) {
+  replaying_ = true;
+  replay_log_ = std::move(inline_log);
+  replay_next_ = 0;
+}
+
+void ModelWriter::end_replay() {
+  replaying_ = false;
+  if (data_size_ != resume_bytes_ || replay_next_ != replay_log_.size())
+    throw Error("cannot resume: the finished layers lay out differently than in the stopped run (other flags?)");
+  replay_log_.clear();
 }
 
 ModelWriter::~ModelWriter() {
@@ -108,7 +135,7 @@ ModelWriter::~ModelWriter() {
 void ModelWriter::cleanup() noexcept {
   if (data_fd_ >= 0) ::close(data_fd_);
   data_fd_ = -1;
-  if (!tmp_data_.empty()) ::unlink(tmp_data_.c_str());
+  if (!tmp_data_.empty() && !resumable_) ::unlink(tmp_data_.c_str());
   if (!tmp_graph_.empty()) ::unlink(tmp_graph_.c_str());
   std::error_code ec;
   for (auto it = created_dirs_.rbegin(); it != created_dirs_.rend(); ++it) fs::remove(*it, ec);
@@ -171,8 +198,19 @@ void ModelWriter::put(onnx::TensorProto& t, const void* data, uint64_t n) {
   // `data` may point into t itself (raw_data, float_data): use it before clearing any field.
   if (n < kInlineThreshold) {
     std::string bytes(static_cast<const char*>(data), size_t(n));
+    if (replaying_) {
+      if (replay_next_ >= replay_log_.size() || replay_log_[replay_next_].size() != n)
+        throw Error("cannot resume: the finished layers lay out differently than in the stopped run (other flags?)");
+      bytes = replay_log_[replay_next_++];
+    }
     clear_data(t);
+    inline_log_.push_back(bytes);
     t.set_raw_data(std::move(bytes));
+    return;
+  }
+  if (replaying_) {  // the bytes are already in the file: lay the tensor out as the stopped run did
+    const uint64_t align = alignment(n);
+    set_external(t, data_size_ + (align - data_size_ % align) % align, n);
     return;
   }
   const uint64_t offset = align_for(n);

@@ -16,6 +16,10 @@ class ModelWriter {
   struct Options {
     bool force = false;                         // overwrite an existing output
     std::vector<std::string> protected_paths;   // input files that must never be written
+    // Resumable runs: the data file is this path (kept when the writer is destroyed without commit,
+    // renamed into place by commit), opened at `resume_bytes` (0: a fresh file).
+    std::string resumable_data;
+    uint64_t resume_bytes = 0;
   };
 
   // Checks the output path (refuses an existing output without force, or any input file),
@@ -35,6 +39,13 @@ class ModelWriter {
 
   // Writes the graph and renames the data and graph files into place.
   void commit(const onnx::ModelProto& model);
+
+  // Replay (resuming a run): until end_replay(), put() writes nothing and only lays tensors out as the
+  // stopped run did, inline ones taking their bytes from `inline_log` (what inline_log() recorded).
+  void begin_replay(std::vector<std::string> inline_log);
+  void end_replay();  // throws Error unless the replay reached the resumed size with the whole log used
+  // Every inline tensor's bytes so far, in order (what a resumed run replays).
+  const std::vector<std::string>& inline_log() const { return inline_log_; }
 
   const std::string& out_path() const { return out_path_; }
   const std::string& data_path() const { return data_path_; }
@@ -58,6 +69,10 @@ class ModelWriter {
   int data_fd_ = -1;
   uint64_t data_size_ = 0;
   bool committed_ = false;
+  bool resumable_ = false, replaying_ = false;
+  uint64_t resume_bytes_ = 0;
+  std::vector<std::string> inline_log_, replay_log_;
+  size_t replay_next_ = 0;
 };
 
 // Removes temporary files left in `dir` by nibble runs that were killed (their pid is gone).

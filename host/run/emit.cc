@@ -54,9 +54,21 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
   return p;
 }
 
+// A result of the right sizes and no meaning: what a replayed weight hands the rewriter, whose writer
+// takes the bytes from the stopped run (ModelWriter::begin_replay).
+kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec) {
+  kernels::QuantResult q;
+  q.groups = (pw.K() + spec.block - 1) / spec.block;
+  q.codes.assign(size_t(pw.rows * pw.cols), 0);
+  q.scales.assign(size_t(q.groups * pw.N()), 1.0f);
+  if (spec.zero_point) q.zero_points.assign(q.scales.size(), 0);
+  return q;
+}
+
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
   kernels::QuantResult q;
+  if (searched.replay) return placeholder(pw, p.spec);
   if (searched.gptq) {
     searched.gptq->quantize(pw, p.w, p.spec, s, q);
   } else if (o.searches_clip()) {
@@ -190,6 +202,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
                                backend);
     const kernels::QuantResult q = quantize(o, pw, p, sp, searched, backend);
+    if (searched.on_quantized && !searched.replay)
+      searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;
     const Format used = rewriter.emit(pw, p.spec, q, &bytes);
     if (used != planned.format)

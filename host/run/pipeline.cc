@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "host/run/layers.h"
 #include "host/run/stages.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
@@ -35,6 +36,30 @@ void warn_inert_flags(const QuantizeOptions& o) {
                                    {o.calib.add_position_ids, "--add_position_ids"},
                                    {o.calib.no_position_ids, "--no_position_ids"}})
       if (on) spdlog::warn("{}: no effect: --algo {} runs no calibration", flag, name_of(o.algo));
+}
+
+// The layer groups when --layer_by_layer can act; empty (with one line saying why) when the run goes
+// through the whole-model pass.
+std::vector<std::vector<size_t>> layer_plan(const QuantizeOptions& o, const Planned& planned) {
+  if (!o.layer_by_layer) return {};
+  if (!needs_calibration(o)) {
+    spdlog::warn("--layer_by_layer: no effect: --algo {} runs no calibration (its weights already stream)",
+                 name_of(o.algo));
+    return {};
+  }
+  if (mixed_needs_calibration(o)) {
+    spdlog::warn("--layer_by_layer: mixed precision by sensitivity ranks every weight of the model at once; "
+                 "running the whole-model pass");
+    return {};
+  }
+  std::string why;
+  auto groups = layer_groups(planned.plan, &why);
+  if (groups.empty()) spdlog::warn("--layer_by_layer: the graph cannot be cut into layers ({}); running the "
+                                   "whole-model pass", why);
+  if (!o.calib.calib_cache.empty() && !groups.empty())
+    spdlog::warn("--calib_cache {}: no effect with --layer_by_layer (each layer's statistics are dropped once it "
+                 "is written)", o.calib.calib_cache);
+  return groups;
 }
 
 }  // namespace
@@ -73,6 +98,9 @@ void validate_options(const QuantizeOptions& o) {
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
   if (o.threads < 0) throw Error("--threads must be >= 0");
   if (o.onnx_path.empty()) throw Error("--onnx_path is required");
+  if (o.resume && !o.layer_by_layer) throw Error("--resume continues a --layer_by_layer run: give both");
+  if (o.feed_quantized && !o.layer_by_layer)
+    throw Error("--feed_quantized feeds the quantized layers forward layer by layer: give --layer_by_layer too");
   if (o.output_path.empty()) throw Error("--output_path is required");
 }
 
@@ -90,18 +118,24 @@ int run_quantize(const QuantizeOptions& o) {
   LoadedModel loaded = load_stage(o);
   OnnxModel& model = *loaded.model;
   Planned planned = plan_stage(o, model);
-  Searched searched = search_stage(o, model, planned, *backend);
+  const auto groups = layer_plan(o, planned);
+  Searched searched;
+  if (groups.empty()) searched = search_stage(o, model, planned, *backend);
 
   ModelWriter::Options wopt;
   wopt.force = o.force;
   wopt.protected_paths = loaded.input_files;
+  if (!groups.empty()) wopt = layer_writer_options(o, wopt);
   ModelWriter writer(o.output_path, wopt);
   GraphRewriter rewriter(model.proto(), planned.format, writer, *backend);
   // Logged only now: bad input fails above with its one error line and nothing else.
   spdlog::info("{}; {}", why, backend->describe());
-  const Emitted emitted = emit_stage(o, model, planned, searched, rewriter, *backend);
+  const Emitted emitted = groups.empty()
+                              ? emit_stage(o, model, planned, searched, rewriter, *backend)
+                              : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend);
   const uint64_t copied = copy_rest_stage(model, rewriter, writer);
   const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
+  if (!groups.empty()) remove_layer_state(o);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report_stage(o, planned, emitted, committed, copied, secs, *backend);
   return 0;

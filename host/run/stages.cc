@@ -89,6 +89,13 @@ Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& plann
   s.calib = Calibration::run(o.calib, model.path(), acts, /*mask_padding=*/!o.modelopt(), clip_calibration(o, plan));
   s.calibrate_seconds = seconds_since(tc);
   spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", s.calib->tokens(), acts.size(), s.calibrate_seconds);
+  search_calibrated(o, model, planned, backend, s);
+  return s;
+}
+
+void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend,
+                       Searched& s) {
+  Plan& plan = planned.plan;
   const auto ts = std::chrono::steady_clock::now();
   const bool awq = o.searches_scales(), clip = o.searches_clip();
   if (awq && clip && o.modelopt()) awq_full_modelopt_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.choices);
@@ -106,7 +113,6 @@ Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& plann
   }
   if (o.uses_gptq()) s.gptq = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
   s.search_seconds = seconds_since(ts);
-  return s;
 }
 
 }  // namespace nibble

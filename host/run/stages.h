@@ -5,6 +5,7 @@
 //
 // run_quantize (pipeline.cc) calls them in that order; tests may call one alone.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -50,10 +51,22 @@ struct Searched {
   std::unique_ptr<ClipSearch> clipper;        // awq_clip, awq_full
   std::unique_ptr<GptqQuantizer> gptq;        // gptq, awq_gptq
   double calibrate_seconds = 0, search_seconds = 0;
+  // Resuming a layer-by-layer run: the weights are laid out again (the writer replays what the stopped
+  // run wrote) with no quantization; only `choices` is read.
+  bool replay = false;
+  // Called with each weight's result as it is quantized (the quantized layers fed forward): s is its AWQ
+  // scale, divisor the consumer's 1/s folded into its columns (either may be null).
+  std::function<void(const PlannedWeight&, const kernels::QuantSpec&, const kernels::QuantResult&,
+                     const std::vector<float>* s, const std::vector<float>* divisor)>
+      on_quantized;
 };
 // Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).
 bool needs_calibration(const QuantizeOptions& o);
 Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend);
+// The searches of search_stage on statistics already in s.calib (the whole model's, or one layer's
+// with a plan of that layer's weights).
+void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend,
+                       Searched& s);
 
 // emit: every planned weight quantized through the backend and written by the rewriter.
 struct Emitted {

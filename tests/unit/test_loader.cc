@@ -192,6 +192,73 @@ TEST_F(LoaderTest, WriterCommitsAndRefusesToOverwrite) {
   EXPECT_THROW(ModelWriter(out, prot), Error);
 }
 
+// A resumable writer keeps its data file when stopped; a second one reopens it at the checkpoint, lays
+// the finished tensors out again without writing them (inline ones from the log) and appends the rest.
+TEST_F(LoaderTest, WriterResumesAndReplaysTheSameLayout) {
+  const std::string data = (dir_ / "state.data").string();
+  std::vector<uint8_t> a(10, 1), b(5000, 2), c(3000, 3), junk(2000, 9);
+  std::vector<std::string> log;
+  uint64_t checkpoint = 0;
+  std::string offsets_first;
+  {
+    ModelWriter::Options o;
+    o.resumable_data = data;
+    ModelWriter w((dir_ / "out.onnx").string(), o);
+    onnx::TensorProto t1, t2, t3;
+    w.put(t1, a.data(), a.size());
+    w.put(t2, b.data(), b.size());
+    checkpoint = w.data_bytes();
+    log = w.inline_log();
+    offsets_first = t2.external_data(1).value();
+    w.put(t3, junk.data(), junk.size());  // written after the checkpoint: dropped on resume
+  }  // killed: no commit
+  ASSERT_TRUE(fs::exists(data));
+  EXPECT_GT(fs::file_size(data), checkpoint);
+  ModelWriter::Options o;
+  o.resumable_data = data;
+  o.resume_bytes = checkpoint;
+  ModelWriter w((dir_ / "out.onnx").string(), o);
+  w.begin_replay(log);
+  onnx::TensorProto t1, t2, t3;
+  std::vector<uint8_t> zeros_a(10, 0), zeros_b(5000, 0);
+  w.put(t1, zeros_a.data(), zeros_a.size());
+  w.put(t2, zeros_b.data(), zeros_b.size());
+  w.end_replay();
+  EXPECT_EQ(t1.raw_data(), std::string(10, '\x01'));  // from the log, not the placeholder
+  EXPECT_EQ(t2.external_data(1).value(), offsets_first);
+  w.put(t3, c.data(), c.size());
+  w.commit(model("out.onnx.data", 0, 32));
+  std::ifstream f(dir_ / "out.onnx.data", std::ios::binary);
+  std::vector<char> got((std::istreambuf_iterator<char>(f)), {});
+  ASSERT_EQ(got.size(), std::stoull(t3.external_data(1).value()) + c.size());
+  EXPECT_EQ(got[std::stoull(offsets_first)], 2);       // the first run's bytes kept
+  EXPECT_EQ(got[std::stoull(t3.external_data(1).value())], 3);
+  EXPECT_FALSE(fs::exists(data));  // moved into place
+}
+
+TEST_F(LoaderTest, WriterReplayNoticesAnotherLayout) {
+  const std::string data = (dir_ / "state.data").string();
+  std::vector<uint8_t> b(5000, 2);
+  uint64_t checkpoint = 0;
+  {
+    ModelWriter::Options o;
+    o.resumable_data = data;
+    ModelWriter w((dir_ / "out.onnx").string(), o);
+    onnx::TensorProto t;
+    w.put(t, b.data(), b.size());
+    checkpoint = w.data_bytes();
+  }
+  ModelWriter::Options o;
+  o.resumable_data = data;
+  o.resume_bytes = checkpoint;
+  ModelWriter w((dir_ / "out.onnx").string(), o);
+  w.begin_replay({});
+  onnx::TensorProto t;
+  std::vector<uint8_t> other(6000, 0);
+  w.put(t, other.data(), other.size());
+  EXPECT_THROW(w.end_replay(), Error);
+}
+
 TEST_F(LoaderTest, StaleTemporariesOfDeadRunsAreRemoved) {
   std::ofstream(dir_ / ".out.onnx.nibble-tmp-999999999") << "x";
   const std::string mine = ".out.onnx.nibble-tmp-" + std::to_string(::getpid());

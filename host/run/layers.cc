@@ -1,0 +1,268 @@
+// Layer by layer (host/run/layers.h): the loop over layer groups and its checkpoint.
+#include "host/run/layers.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "host/run/report.h"
+#include "loaders/error.h"
+
+namespace fs = std::filesystem;
+
+namespace nibble {
+namespace {
+
+fs::path state_path(const QuantizeOptions& o) { return layer_state_dir(o.output_path); }
+
+// What must be equal for a checkpoint to be continued: every flag that can change the output.
+nlohmann::json resume_settings(const QuantizeOptions& o) {
+  nlohmann::json j = options_to_json(o);
+  for (const char* k : {"resume", "force", "report", "quiet", "verbose", "threads", "config"}) j.erase(k);
+  return j;
+}
+
+std::string hex(const std::string& b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) s += {d[c >> 4], d[c & 15]};
+  return s;
+}
+
+std::string unhex(const std::string& s) {
+  std::string b;
+  for (size_t i = 0; i + 1 < s.size(); i += 2) b += char(std::stoi(s.substr(i, 2), nullptr, 16));
+  return b;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const std::exception&) {
+    throw Error("cannot resume: " + p.string() + " is not readable JSON");
+  }
+}
+
+// The checkpoint after `done` groups: written to a temporary name and renamed, so a kill leaves the
+// previous one or this one whole.
+void write_checkpoint(const QuantizeOptions& o, size_t done, const ModelWriter& writer, const Emitted& e) {
+  nlohmann::json log = nlohmann::json::array();
+  for (const auto& b : writer.inline_log()) log.push_back(hex(b));
+  const nlohmann::json j = {{"settings", resume_settings(o)}, {"layers_done", done},
+                            {"data_bytes", writer.data_bytes()}, {"inline_log", log},
+                            {"weights", e.weights}, {"bytes_in", e.bytes_in}, {"bytes_out", e.bytes_out},
+                            {"sq_error", e.sq_error}, {"elements", e.elements}};
+  write_json_file((state_path(o) / "checkpoint.json").string(), j);
+}
+
+void save_scales(const QuantizeOptions& o, size_t g, const Searched& s) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, c] : s.choices) j[name] = c.scale;  // what placing 1/s needs; the report is kept apart
+  write_json_file((state_path(o) / ("scales_" + std::to_string(g) + ".json")).string(), j);
+}
+
+void load_scales(const QuantizeOptions& o, size_t g, Searched& s) {
+  const fs::path p = state_path(o) / ("scales_" + std::to_string(g) + ".json");
+  const nlohmann::json j = read_json(p);
+  for (const auto& [name, c] : j.items()) s.choices[name].scale = c.get<std::vector<float>>();
+}
+
+// The plan of one group: its weights (plan order) and their siblings, with the run's format and picks.
+Planned sub_plan(const Planned& all, const std::vector<size_t>& idx) {
+  Planned p;
+  p.format = all.format;
+  p.mixed = all.mixed;
+  for (size_t i : idx) p.plan.weights.push_back(all.plan.weights[i]);
+  for (size_t k = 0; k < p.plan.weights.size(); ++k) p.plan.siblings[p.plan.weights[k].activation].push_back(k);
+  return p;
+}
+
+void add(Emitted& total, const Emitted& e) {
+  for (const auto& w : e.weights) total.weights.push_back(w);
+  total.bytes_in += e.bytes_in;
+  total.bytes_out += e.bytes_out;
+  total.sq_error += e.sq_error;
+  total.elements += e.elements;
+  total.zero_point = e.zero_point;
+}
+
+template <typename T>
+std::string write_raw(const fs::path& dir, const std::string& name, const std::vector<T>& v) {
+  std::ofstream f(dir / name, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+  if (!f) throw Error("cannot write " + (dir / name).string());
+  return name;
+}
+
+// One quantized weight as calib/layers.py reads it back to run it dequantized (its index entry).
+nlohmann::json write_effective(const fs::path& root, size_t g, const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                               const kernels::QuantResult& q, const std::vector<float>* s,
+                               const std::vector<float>* divisor, size_t k) {
+  const std::string sub = "g" + std::to_string(g), base = sub + "/w" + std::to_string(k);
+  std::error_code ec;
+  fs::create_directories(root / sub, ec);
+  nlohmann::json e = {{"name", pw.weight}, {"rows", pw.rows}, {"cols", pw.cols}, {"k_axis", pw.k_axis},
+                      {"block", spec.block}, {"bits", spec.bits}, {"zero_point", spec.zero_point}};
+  e["codes"] = write_raw(root, base + ".codes", q.codes);
+  e["scales"] = write_raw(root, base + ".scales.f32", q.scales);
+  if (spec.zero_point) e["zp"] = write_raw(root, base + ".zp.u8", q.zero_points);
+  if (s) e["s"] = write_raw(root, base + ".s.f32", *s);
+  if (divisor) e["divisor"] = write_raw(root, base + ".div.f32", *divisor);
+  return e;
+}
+
+fs::path quantized_dir(const QuantizeOptions& o) { return state_path(o) / "quantized"; }
+
+// Group g's dequantization inputs, once no segment still to run reads them.
+void drop_effective(const QuantizeOptions& o, size_t g) {
+  std::error_code ec;
+  fs::remove(quantized_dir(o) / ("eff_" + std::to_string(g) + ".json"), ec);
+  fs::remove_all(quantized_dir(o) / ("g" + std::to_string(g)), ec);
+}
+
+// One group computed: calibrate it alone, search, emit; the scales kept for a resumed run.
+Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const std::vector<size_t>& idx,
+                  size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend) {
+  Planned sub = sub_plan(planned, idx);
+  Searched s;
+  std::vector<Calibration::Request> acts;
+  for (const auto& [act, k] : sub.plan.siblings) acts.push_back({act, sub.plan.weights[k[0]].K()});
+  Calibration::Extras extras = clip_calibration(o, sub.plan);
+  extras.layer_state = (state_path(o) / "boundary").string();
+  extras.layer_groups = groups_file;
+  extras.layer = int(g);
+  CalibrationOptions copt = o.calib;
+  copt.calib_cache.clear();  // each layer's statistics are dropped once it is written
+  nlohmann::json quantized = nlohmann::json::array();
+  if (o.feed_quantized) {
+    extras.layer_weights = quantized_dir(o).string();
+    s.on_quantized = [&](const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
+                         const std::vector<float>* sp, const std::vector<float>* div) {
+      quantized.push_back(write_effective(quantized_dir(o), g, pw, spec, q, sp, div, quantized.size()));
+    };
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  s.calib = Calibration::run(copt, model.path(), acts, /*mask_padding=*/!o.modelopt(), extras);
+  s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  search_calibrated(o, model, sub, backend, s);
+  save_scales(o, g, s);
+  Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
+  if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
+    write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
+    const auto ta = std::chrono::steady_clock::now();
+    Calibration::advance(copt, model.path(), acts, extras);
+    s.calibrate_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+  }
+  spdlog::info("layer group {}: {} weights, calibration {:.1f} s, search {:.1f} s", g, idx.size(),
+               s.calibrate_seconds, s.search_seconds);
+  return e;
+}
+
+}  // namespace
+
+std::vector<std::vector<size_t>> layer_groups(const Plan& plan, std::string* why) {
+  std::map<int, std::vector<size_t>> by_layer;  // -1 (no layer) sorts first: moved last below
+  std::map<std::string, int> act_layer;         // siblings follow their first weight
+  for (size_t i = 0; i < plan.weights.size(); ++i) {
+    const auto& pw = plan.weights[i];
+    const int l = act_layer.emplace(pw.activation, pw.layer).first->second;
+    by_layer[l].push_back(i);
+  }
+  std::vector<std::vector<size_t>> out;
+  for (const auto& [l, idx] : by_layer)
+    if (l >= 0) out.push_back(idx);
+  if (by_layer.count(-1)) out.push_back(by_layer.at(-1));
+  if (out.size() < 2) {
+    *why = "the node names number fewer than two layers (layers.N / layer.N / blocks.N / h.N)";
+    return {};
+  }
+  return out;
+}
+
+std::string layer_state_dir(const std::string& output_path) {
+  const fs::path out = fs::absolute(output_path);
+  return (out.parent_path() / ("." + out.filename().string() + ".layers")).string();
+}
+
+ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter::Options base) {
+  const fs::path dir = state_path(o);
+  std::error_code ec;
+  base.resumable_data = (dir / "output.data").string();
+  if (o.resume && !fs::exists(dir / "checkpoint.json", ec)) {
+    if (!fs::is_directory(dir, ec))
+      throw Error("--resume: no layer state " + dir.string() + " (nothing to resume; run without --resume)");
+    spdlog::info("--resume: no layer was finished; starting at the first");
+    return base;
+  }
+  if (o.resume) {
+    const nlohmann::json c = read_json(dir / "checkpoint.json");
+    if (c.at("settings") != resume_settings(o))
+      throw Error("--resume: " + dir.string() + " was written with other flags; give the same flags or run "
+                  "without --resume");
+    base.resume_bytes = c.at("data_bytes").get<uint64_t>();
+    return base;
+  }
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("cannot create the layer state folder " + dir.string() + ": " + ec.message());
+  return base;
+}
+
+void remove_layer_state(const QuantizeOptions& o) {
+  std::error_code ec;
+  fs::remove_all(state_path(o), ec);
+}
+
+Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned,
+                             const std::vector<std::vector<size_t>>& groups, GraphRewriter& rewriter,
+                             ModelWriter& writer, kernels::Backend& backend) {
+  const fs::path dir = state_path(o);
+  const std::string groups_file = (dir / "groups.json").string();
+  {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& g : groups) {
+      nlohmann::json acts = nlohmann::json::array();
+      for (const auto& [act, k] : sub_plan(planned, g).plan.siblings) acts.push_back(act);
+      j.push_back(acts);
+    }
+    write_json_file(groups_file, j);
+  }
+  Emitted total;
+  size_t first = 0;
+  std::error_code ec;
+  if (o.resume && fs::exists(dir / "checkpoint.json", ec)) {
+    const nlohmann::json c = read_json(dir / "checkpoint.json");
+    first = c.at("layers_done").get<size_t>();
+    std::vector<std::string> log;
+    for (const auto& h : c.at("inline_log")) log.push_back(unhex(h.get<std::string>()));
+    writer.begin_replay(std::move(log));
+    for (size_t g = 0; g < first; ++g) {  // laid out again, not computed
+      Planned sub = sub_plan(planned, groups[g]);
+      Searched s;
+      s.replay = true;
+      load_scales(o, g, s);
+      emit_stage(o, model, sub, s, rewriter, backend);
+    }
+    writer.end_replay();
+    for (const auto& w : c.at("weights")) total.weights.push_back(w);
+    total.bytes_in = c.at("bytes_in");
+    total.bytes_out = c.at("bytes_out");
+    total.sq_error = c.at("sq_error");
+    total.elements = c.at("elements");
+    spdlog::info("--resume: layers 0..{} were finished; continuing at layer group {} of {}", first - 1, first,
+                 groups.size());
+  }
+  for (size_t g = first; g < groups.size(); ++g) {
+    add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend));
+    write_checkpoint(o, g + 1, writer, total);
+    fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
+    if (g > 0) drop_effective(o, g - 1);
+  }
+  total.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
+  return total;
+}
+
+}  // namespace nibble

@@ -1,0 +1,38 @@
+// Layer by layer (--layer_by_layer): the plan's weights in groups, one per decoder layer; for each group
+// in turn calibration runs that layer alone on the boundary activations the previous layer left
+// (calib/layers.py), then its search, quantization and writing, then its statistics are dropped. RAM
+// and temporary disk hold one layer's statistics plus the calibration windows' boundary, whatever the
+// depth. After every layer a checkpoint is written, so --resume continues from the first unfinished
+// layer and gives the same bytes as an uninterrupted run.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "host/run/stages.h"
+
+namespace nibble {
+
+// The plan's weight indices per layer, in layer order (weights of no layer last), siblings kept
+// together. Empty, with *why, when the plan cannot be cut (fewer than two layers).
+std::vector<std::vector<size_t>> layer_groups(const Plan& plan, std::string* why);
+
+// The folder beside the output where a layer-by-layer run keeps its state (boundary activations,
+// checkpoint, the output data written so far).
+std::string layer_state_dir(const std::string& output_path);
+
+// Runs every group: calibrate, search, emit. On --resume, finished layers are laid out again from the
+// checkpoint without being computed. The writer must have been opened on the state's data file
+// (layer_writer_options).
+Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned,
+                             const std::vector<std::vector<size_t>>& groups, GraphRewriter& rewriter,
+                             ModelWriter& writer, kernels::Backend& backend);
+
+// The writer options of a layer-by-layer run: its data file in the state folder, reopened at the
+// checkpoint's size on --resume (a fresh state otherwise). Throws Error when --resume finds no
+// checkpoint of the same flags.
+ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter::Options base);
+
+// Removes the state folder (after commit).
+void remove_layer_state(const QuantizeOptions& o);
+
+}  // namespace nibble

@@ -1,0 +1,158 @@
+"""--layer_by_layer end to end: the graph cut per decoder layer, each layer calibrated on the boundary
+the previous one left, searched, quantized and written in turn.
+
+* With the float layers fed forward (the only mode), every layer sees the activations the whole-model
+  pass sees, so every output initializer (codes, scales, folded gammas) equals the whole-model run's,
+  for awq_lite, awq_clip, awq_full and gptq, on a Llama-shaped test model of 4 layers.
+* --resume after a SIGKILL in the middle of a run gives the same bytes as a run never stopped.
+* A graph with no layer numbers falls back to the whole-model pass with one line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from . import models
+from .conftest import folder_digest
+
+LAYERS, SAMPLES, SEQ = 4, 6, 16
+
+
+@pytest.fixture(scope="module")
+def llama(model_cache, tmp_path_factory):
+    spec, path = model_cache.llama(layers=LAYERS)
+    root = str(tmp_path_factory.mktemp("layers"))
+    rng = np.random.default_rng(5)
+    npz = os.path.join(root, "calib.npz")
+    np.savez(npz, hidden=rng.standard_normal((SAMPLES, SEQ, spec.hidden)).astype(np.float32))
+    return spec, path, npz, root
+
+
+def calib_args(npz: str) -> list[str]:
+    return ["--calib_data", npz, "--calib_size", str(SAMPLES), "--calibration_eps", "cpu", "--block_size", "32"]
+
+
+def initializers(path: str) -> dict[str, bytes]:
+    """Every initializer's bytes, external data read by onnx."""
+    m = onnx.load(path)
+    return {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
+
+
+@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "awq_full", "gptq"])
+def test_layer_by_layer_equals_whole_model(nibble, llama, algo):
+    spec, path, npz, root = llama
+    whole = os.path.join(root, f"whole_{algo}", "model.onnx")
+    layered = os.path.join(root, f"layered_{algo}", "model.onnx")
+    nibble.quantize(path, whole, "--algo", algo, *calib_args(npz))
+    r = nibble.quantize(path, layered, "--algo", algo, "--layer_by_layer", *calib_args(npz))
+    assert "layer group 3:" in r.stderr, r.describe()
+    a, b = initializers(whole), initializers(layered)
+    assert sorted(a) == sorted(b)
+    differ = [n for n in a if a[n] != b[n]]
+    assert differ == [], differ
+    na = [(n.op_type, list(n.input), list(n.output)) for n in onnx.load(whole, load_external_data=False).graph.node]
+    nb = [(n.op_type, list(n.input), list(n.output)) for n in onnx.load(layered, load_external_data=False).graph.node]
+    assert na == nb
+    # the state folder goes once the output is committed
+    assert not os.path.exists(os.path.join(os.path.dirname(layered), ".model.onnx.layers"))
+
+
+def test_resume_after_sigkill_is_byte_identical(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
+    straight = tmp_path / "straight" / "model.onnx"
+    nibble.quantize(path, str(straight), *args)
+
+    out = tmp_path / "killed" / "model.onnx"
+    ckpt = tmp_path / "killed" / ".model.onnx.layers" / "checkpoint.json"
+    cmd = [nibble.binary, "quantize", "--onnx_path", path, "--output_path", str(out), *args]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = 0
+    deadline = time.time() + 300
+    while p.poll() is None and time.time() < deadline:
+        try:
+            done = json.loads(ckpt.read_text())["layers_done"]
+        except (OSError, ValueError, KeyError):
+            done = 0
+        if done >= 2:
+            p.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed mid-way"
+    assert 2 <= done < LAYERS
+    assert not out.exists()
+
+    r = nibble.quantize(path, str(out), *args, "--resume")
+    assert f"continuing at layer group {done}" in r.stderr, r.describe()
+    for k in range(done):  # finished layers are not computed again
+        assert f"layer group {k}:" not in r.stderr, r.describe()
+    assert folder_digest(str(out.parent)) == folder_digest(str(straight.parent))
+
+
+def test_resume_with_other_flags_refused(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    out = tmp_path / "m.onnx"
+    state = tmp_path / ".m.onnx.layers"
+    state.mkdir()
+    (state / "checkpoint.json").write_text(json.dumps({"settings": {"algo": "other"}, "layers_done": 1}))
+    r = nibble.quantize(path, str(out), "--algo", "awq_lite", "--layer_by_layer", "--resume", *calib_args(npz),
+                        check=False)
+    assert r.returncode != 0
+    assert "written with other flags" in r.stderr.strip().splitlines()[-1]
+
+
+def test_resume_needs_layer_by_layer(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--resume", *calib_args(npz), check=False)
+    assert r.returncode != 0 and "--resume continues a --layer_by_layer run" in r.stderr
+
+
+def test_uncuttable_graph_falls_back(nibble, model_cache, tmp_path):
+    spec, path = model_cache.gemm()
+    rng = np.random.default_rng(3)
+    npz = str(tmp_path / "c.npz")
+    np.savez(npz, x=rng.standard_normal((4, 7, spec.hidden)).astype(np.float32))
+    r = nibble.quantize(path, str(tmp_path / "o" / "m.onnx"), "--algo", "awq_lite", "--layer_by_layer",
+                        "--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu", check=False)
+    assert "cannot be cut into layers" in r.stderr, r.describe()
+
+
+def test_rtn_says_layer_by_layer_has_no_effect(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--algo", "rtn_dq", "--layer_by_layer")
+    assert "--layer_by_layer: no effect" in r.stderr
+
+
+def test_feed_quantized(nibble, llama, tmp_path):
+    """Layer 0 sees the float inputs either way, so its weights equal the float-fed run's; later layers
+    are calibrated on the quantized layers' outputs, so some of their choices differ; the model runs."""
+    spec, path, npz, root = llama
+    fed = tmp_path / "fed" / "model.onnx"
+    plain = tmp_path / "plain" / "model.onnx"
+    nibble.quantize(path, str(plain), "--algo", "awq_lite", "--layer_by_layer", *calib_args(npz))
+    r = nibble.quantize(path, str(fed), "--algo", "awq_lite", "--layer_by_layer", "--feed_quantized",
+                        *calib_args(npz))
+    assert "run dequantized" in r.stderr, r.describe()
+    a, b = initializers(str(plain)), initializers(str(fed))
+    layer0 = [n for n in a if ".layers.0." in n and "down_proj" not in n]
+    assert layer0 and all(a[n] == b[n] for n in layer0)
+    later = [n for n in a if ".layers.0." not in n and a[n] != b[n]]
+    assert later, "feeding the quantized layers forward changed nothing"
+    import onnxruntime as ort
+    x = models.llama_inputs(spec)
+    out = ort.InferenceSession(str(fed), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    assert np.isfinite(out).all()
+
+
+def test_feed_quantized_needs_layer_by_layer(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--feed_quantized", *calib_args(npz), check=False)
+    assert r.returncode != 0 and "--feed_quantized" in r.stderr.strip().splitlines()[-1]

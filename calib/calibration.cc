@@ -289,6 +289,7 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
   if (o.threads > 0) add("--threads", std::to_string(o.threads));
   if (extras.sample_tokens > 0) add("--sample_tokens", std::to_string(extras.sample_tokens));
   if (extras.gram_block > 0) add("--gram_block", std::to_string(extras.gram_block));
+  if (extras.budget_mb > 0) add("--budget_mb", std::to_string(extras.budget_mb));
   return argv;
 }
 

@@ -42,9 +42,13 @@ struct ActivationStats {
 // What awq_clip asks calibration for besides (host/awq_clip.h): sample_tokens > 0 also keeps
 // ModelOpt's token sample of each activation; gram_block > 0 keeps only the block-diagonal of XᵀX
 // ([G, B, B]; the index's "gram" then names that file and stats() cannot be used).
+// budget_mb > 0 caps the accumulators one pass over the calibration data holds (capture.py --budget_mb;
+// 0: its default): past it the activations are split into groups, one forward pass each, with the same
+// statistics.
 struct CalibrationExtras {
   int64_t sample_tokens = 0;
   int64_t gram_block = 0;
+  int64_t budget_mb = 0;
 };
 
 class Calibration {

@@ -15,6 +15,12 @@
 
 namespace nibble {
 
+// Calibration memory per pass for GPTQ (MiB): its state is nothing but the Gram matrices, which next to
+// ONNX Runtime's copy of the weights are the calibration child's peak (SmolLM2-135M: 403 MiB of them
+// against 440 MiB of weights); in groups of at most this much, one forward pass each, the peak drops by
+// most of them for a few more forward passes (cheap next to the GPTQ sweep).
+constexpr int64_t kGptqCalibrationBudgetMb = 256;
+
 class GptqQuantizer {
  public:
   GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);

@@ -1,5 +1,5 @@
-// GPTQ (Frantar et al. 2022) on the Gram matrix XᵀX that calibration keeps anyway: no token rows, no
-// extra calibration pass. Per activation, the inverse-Hessian factor of H = XᵀX (+ --gptq_percdamp of
+// GPTQ (Frantar et al. 2022) on the Gram matrix XᵀX that calibration keeps anyway: no token rows, and
+// one forward pass per window for all layers (per group of kGptqCalibrationBudgetMb below). Per activation, the inverse-Hessian factor of H = XᵀX (+ --gptq_percdamp of
 // its mean diagonal) is computed once and shared by every weight reading that activation; each weight
 // is then swept channel by channel (backend gptq_quantize). awq_gptq runs on W ⊙ s against X ⊘ s:
 // H scaled by 1/s on both sides. Each block's scale is chosen, when the sweep reaches the block, among

@@ -295,6 +295,7 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
     add("--layer", std::to_string(extras.layer));
     if (!extras.layer_weights.empty()) add("--layer_weights", extras.layer_weights);
   }
+  if (extras.budget_mb > 0) add("--budget_mb", std::to_string(extras.budget_mb));
   return argv;
 }
 

@@ -42,6 +42,9 @@ struct ActivationStats {
 // What awq_clip asks calibration for besides (host/awq_clip.h): sample_tokens > 0 also keeps
 // ModelOpt's token sample of each activation; gram_block > 0 keeps only the block-diagonal of XᵀX
 // ([G, B, B]; the index's "gram" then names that file and stats() cannot be used).
+// budget_mb > 0 caps the accumulators one pass over the calibration data holds (capture.py --budget_mb;
+// 0: its default): past it the activations are split into groups, one forward pass each, with the same
+// statistics.
 struct CalibrationExtras {
   int64_t sample_tokens = 0;
   int64_t gram_block = 0;
@@ -53,6 +56,7 @@ struct CalibrationExtras {
   // Quantized layers fed forward: the folder of what is quantized so far (calib/layers.py reads it); the
   // statistics run then leaves the next boundary to Calibration::advance.
   std::string layer_weights;
+  int64_t budget_mb = 0;
 };
 
 class Calibration {

@@ -139,6 +139,10 @@ class Backend {
   virtual std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) = 0;
   virtual std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
                                                             const QuantResult& q) = 0;
+  // The float weight s·(q − z) in the stored layout, as `out` (dequant_ref.h): what qdq stores when the
+  // codes are not the rounding of the original weight.
+  virtual std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
+                                          DType out) = 0;
 };
 
 // kCudaEmulated: the CUDA backend's own code with the host as the device (tests, CI, `selftest`);

@@ -52,7 +52,7 @@ const std::vector<std::string>& backend_op_names() {
       "rtn", "rtn_weighted", "rtn_ratios", "scale_weight", "scale_weight_f32", "divide_columns",
       "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
       "clip_search_modelopt", "clip_quantize_gram", "gptq", "pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales",
-      "pack_matmulnbits_zero_points"};
+      "pack_matmulnbits_zero_points", "dequantize"};
   return names;
 }
 

@@ -91,6 +91,8 @@ std::string check_packs(Backend& r, Backend& g, const Case& c, const check::Weig
     if (auto e = same(r.pack_onnx(odd, c.bits), g.pack_onnx(odd, c.bits), "odd count"); !e.empty()) return e;
     return same(r.pack_onnx(q.codes, c.bits), g.pack_onnx(q.codes, c.bits), "packed");
   }
+  if (op == "dequantize")
+    return same(r.dequantize(w.m, c.spec(), q, w.m.dtype), g.dequantize(w.m, c.spec(), q, w.m.dtype), "dequantized");
   if (op == "matmulnbits_scales") return same(r.matmulnbits_scales(w.m, q), g.matmulnbits_scales(w.m, q), "scales");
   if (op == "pack_matmulnbits_zero_points")
     return same(r.pack_matmulnbits_zero_points(w.m, c.spec(), q), g.pack_matmulnbits_zero_points(w.m, c.spec(), q),
@@ -179,7 +181,8 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
                     check_clip_modelopt));
   out.push_back(run("clip_quantize_gram", ref, b, cs, check_clip_gram));
   out.push_back(run("gptq", ref, b, select(cs, [](const Case& c) { return c.K == 200 && c.bits == 4; }), check_gptq));
-  for (const char* op : {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points"}) {
+  for (const char* op :
+       {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points", "dequantize"}) {
     const std::string name = op;
     const auto keep = name == "pack_matmulnbits_zero_points" ? select(cs, [](const Case& c) { return c.zp; }) : cs;
     out.push_back(run(name, ref, b, keep, [name](Backend& r, Backend& g, const Case& c, const check::Weight& w) {

@@ -27,6 +27,9 @@ RUNS = {
     "awq_full_modelopt": ["--algo", "awq_full", "--awq_mode", "modelopt"],
     "mixed_sensitivity_awq": ["--algo", "awq_lite", "--mixed_strategy", "sensitivity"],
     "mixed_sensitivity_rtn": ["--algo", "rtn_dq", "--mixed_strategy", "sensitivity", "--use_zero_point"],
+    "gptq": ["--algo", "gptq"],
+    "gptq_zp_act": ["--algo", "gptq", "--use_zero_point", "--gptq_act_order"],
+    "awq_gptq": ["--algo", "awq_gptq"],
 }
 
 

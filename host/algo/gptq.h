@@ -1,5 +1,5 @@
-// GPTQ (Frantar et al. 2022) on the Gram matrix XᵀX that calibration keeps anyway: no token rows, no
-// extra calibration pass. Per activation, the inverse-Hessian factor of H = XᵀX (+ --gptq_percdamp of
+// GPTQ (Frantar et al. 2022) on the Gram matrix XᵀX that calibration keeps anyway: no token rows, and
+// one forward pass per window for all layers (per group of kGptqCalibrationBudgetMb below). Per activation, the inverse-Hessian factor of H = XᵀX (+ --gptq_percdamp of
 // its mean diagonal) is computed once and shared by every weight reading that activation; each weight
 // is then swept channel by channel (backend gptq_quantize). awq_gptq runs on W ⊙ s against X ⊘ s:
 // H scaled by 1/s on both sides. Each block's scale is chosen, when the sweep reaches the block, among
@@ -14,6 +14,12 @@
 #include "kernels/backend.h"
 
 namespace nibble {
+
+// Calibration memory per pass for GPTQ (MiB): its state is nothing but the Gram matrices, which next to
+// ONNX Runtime's copy of the weights are the calibration child's peak (SmolLM2-135M: 403 MiB of them
+// against 440 MiB of weights); in groups of at most this much, one forward pass each, the peak drops by
+// most of them for a few more forward passes (cheap next to the GPTQ sweep).
+constexpr int64_t kGptqCalibrationBudgetMb = 256;
 
 class GptqQuantizer {
  public:

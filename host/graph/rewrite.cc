@@ -99,23 +99,32 @@ bool GraphRewriter::gemm_fits_matmulnbits(const onnx::NodeProto& n, int64_t N) c
 }
 
 Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& spec,
-                           const kernels::QuantResult& q, uint64_t* bytes_out) {
+                           const kernels::QuantResult& q, uint64_t* bytes_out,
+                           const std::vector<uint8_t>* qdq_float) {
   const uint64_t before = bytes_;
   Format used = format_;
   if (format_ == Format::kMatMulNBits && pw.op_type != "Gather") {
     for (int i : pw.nodes)
       if (!gemm_fits_matmulnbits(model_.graph().node(i), pw.N())) used = Format::kDq;
   }
+  std::string quantize_input;
+  if (used == Format::kQdq && qdq_float) {
+    quantize_input = unique_name(pw.weight + "_dequantized");
+    add_initializer(quantize_input, int(pw.dtype), {pw.rows, pw.cols}, *qdq_float);
+  } else if (used == Format::kQdq) {
+    quantize_input = pw.weight;
+  }
   if (used == Format::kMatMulNBits && pw.op_type == "Gather") emit_gather_block_quantized(pw, spec, q);
   else if (used == Format::kMatMulNBits) emit_matmulnbits(pw, spec, q);
-  else emit_dq(pw, spec, q, used == Format::kQdq);
-  if (!pw.keep_float && used != Format::kQdq) removed_.insert(pw.weight);
+  else emit_dq(pw, spec, q, quantize_input);
+  if (!pw.keep_float && quantize_input != pw.weight) removed_.insert(pw.weight);
   if (bytes_out) *bytes_out = bytes_ - before;
   return used;
 }
 
 void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec,
-                            const kernels::QuantResult& q, bool with_quantize_node) {
+                            const kernels::QuantResult& q, const std::string& quantize_input) {
+  const bool with_quantize_node = !quantize_input.empty();
   used_dq_ = true;
   const bool per_channel = pw.block < 0;
   const int64_t G = q.groups, N = pw.N();
@@ -145,7 +154,7 @@ void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& s
     onnx::NodeProto qn;
     qn.set_name(unique_name(pw.weight + "_QuantizeLinear"));
     qn.set_op_type("QuantizeLinear");
-    qn.add_input(pw.weight);
+    qn.add_input(quantize_input);
     qn.add_input(scale);
     qn.add_input(zp);
     codes = unique_name(pw.weight + "_QuantizeLinear_Output");

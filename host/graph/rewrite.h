@@ -30,9 +30,11 @@ class GraphRewriter {
   GraphRewriter(onnx::ModelProto& model, Format format, ModelWriter& writer, kernels::Backend& backend);
 
   // Emits the quantized form of one weight; returns the format used (a Gemm that MatMulNBits
-  // cannot express falls back to dq) and the bytes written for it.
+  // cannot express falls back to dq) and the bytes written for it. qdq_float (qdq only; may be null):
+  // the float weight QuantizeLinear reads instead of the original (GPTQ's s·(q − z), whose codes no
+  // rounding of the original weight gives), stored as a new initializer of pw's dtype and shape.
   Format emit(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
-              uint64_t* bytes_out);
+              uint64_t* bytes_out, const std::vector<uint8_t>* qdq_float = nullptr);
 
   // An embedding table tied to a weight already emitted as MatMulNBits: its Gathers become
   // GatherBlockQuantized reading that weight's B (through a Reshape to [V, H * bits / 8]), scales
@@ -69,8 +71,9 @@ class GraphRewriter {
   onnx::TensorProto* add_initializer(const std::string& name, int dtype, const std::vector<int64_t>& dims,
                                      const std::vector<uint8_t>& bytes);
   bool gemm_fits_matmulnbits(const onnx::NodeProto& n, int64_t N) const;
+  // quantize_input: the float initializer QuantizeLinear reads (qdq); empty: the codes are stored (dq).
   void emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
-               bool with_quantize_node);
+               const std::string& quantize_input);
   void emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                         const kernels::QuantResult& q);
   void emit_gather_block_quantized(const PlannedWeight& pw, const kernels::QuantSpec& spec,

@@ -205,7 +205,11 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     if (searched.on_quantized && !searched.replay)
       searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;
-    const Format used = rewriter.emit(pw, p.spec, q, &bytes);
+    // qdq: QuantizeLinear rounds the stored float weight again, which gives GPTQ's codes only when
+    // that weight is GPTQ's own s·(q − z) (exactly: see kernels/cpu/dequant_ref.h).
+    std::vector<uint8_t> gptq_float;
+    if (searched.gptq && planned.format == Format::kQdq) gptq_float = backend.dequantize(p.w, p.spec, q, pw.dtype);
+    const Format used = rewriter.emit(pw, p.spec, q, &bytes, gptq_float.empty() ? nullptr : &gptq_float);
     if (used != planned.format)
       spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
                    pw.weight, pw.node_name);

@@ -76,9 +76,6 @@ void validate_options(const QuantizeOptions& o) {
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
-  if (o.uses_gptq() && o.resolved_format() == Format::kQdq)
-    throw Error(std::string("--algo ") + name_of(o.algo) + " --format qdq: QuantizeLinear would round the float "
-                "weight again and lose GPTQ's error-compensated codes (use --format dq or matmulnbits)");
   if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
   if (o.algo == Algo::kRtnSearch && o.modelopt())
     throw Error("--algo rtn_search --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");

@@ -86,7 +86,9 @@ Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& plann
   std::vector<Calibration::Request> acts;
   for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
   const auto tc = std::chrono::steady_clock::now();
-  s.calib = Calibration::run(o.calib, model.path(), acts, /*mask_padding=*/!o.modelopt(), clip_calibration(o, plan));
+  Calibration::Extras extras = clip_calibration(o, plan);
+  if (o.uses_gptq()) extras.budget_mb = kGptqCalibrationBudgetMb;
+  s.calib = Calibration::run(o.calib, model.path(), acts, /*mask_padding=*/!o.modelopt(), extras);
   s.calibrate_seconds = seconds_since(tc);
   spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", s.calib->tokens(), acts.size(), s.calibrate_seconds);
   search_calibrated(o, model, planned, backend, s);

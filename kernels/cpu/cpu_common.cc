@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/cpu/clip_ref.h"
+#include "kernels/cpu/dequant_ref.h"
 #include "kernels/cpu/pack.h"
 
 namespace nibble::kernels {
@@ -45,6 +46,10 @@ std::vector<float> CpuCommon::channel_energy(const double* gram, int64_t K, cons
 std::vector<float> CpuCommon::clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x,
                                                    int64_t T, const std::vector<double>& ratios, int64_t bsz_col) {
   return kernels::clip_search_modelopt(w, spec, x, T, ratios, bsz_col);
+}
+std::vector<uint8_t> CpuCommon::dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
+                                           DType out) {
+  return dequantize_ref(shape, spec, q, out);
 }
 std::vector<uint8_t> CpuCommon::pack_onnx(const std::vector<uint8_t>& codes, int bits) {
   return kernels::pack_onnx(codes, bits);

@@ -26,6 +26,8 @@ class CpuCommon : public Backend {
   std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) override;
   std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
                                                     const QuantResult& q) override;
+  std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
+                                  DType out) override;
 };
 
 }  // namespace nibble::kernels

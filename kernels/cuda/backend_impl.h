@@ -5,7 +5,7 @@
 //
 // On the host, through `host_` (a reference backend): awq_scale (K values; a GPU's powf is not
 // libm's, and the codes depend on these bits), clip_search_modelopt and awq_weight_mean_joint
-// (ModelOpt-mode only), gptq_factor and gptq_quantize: no device versions yet.
+// (ModelOpt-mode only), gptq_factor, gptq_quantize and dequantize: no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -80,6 +80,10 @@ class CudaBackend final : public Backend {
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
   std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;
+  std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
+                                  DType out) override {
+    return host_->dequantize(shape, spec, q, out);
+  }
   std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
                                                const QuantResult& q, int64_t layout_block) override;
   std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) override;

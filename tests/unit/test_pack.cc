@@ -1,7 +1,13 @@
 // Exact bytes of every packed layout.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/dequant_ref.h"
 #include "kernels/cpu/pack.h"
+#include "kernels/dtype.h"
 
 using namespace nibble;
 using namespace nibble::kernels;
@@ -87,4 +93,61 @@ TEST(Pack, MatMulNBits8Bit) {
   auto b = pack_matmulnbits_weight(shape, spec, q, 16);
   EXPECT_EQ(b[0], 0x00);
   EXPECT_EQ(b[1], 0xFF);
+}
+
+// ---- dequantize_ref: the float weight qdq stores for GPTQ
+
+TEST(Dequantize, SymmetricAndZeroPointLayouts) {
+  // [K=3, N=2], block 2 -> G = 2, k_axis 0: scales [G, N]
+  WeightMatrix kn{DType::kFloat32, nullptr, 3, 2, 0};
+  QuantResult q;
+  q.groups = 2;
+  q.codes = {uint8_t(-8), 7, 1, uint8_t(-1), 3, 0};
+  q.scales = {0.5f, 2.0f, 0.25f, 4.0f};
+  QuantSpec sym{4, 2, false};
+  auto b = dequantize_ref(kn, sym, q, DType::kFloat32);
+  std::vector<float> v(6);
+  std::memcpy(v.data(), b.data(), b.size());
+  EXPECT_EQ(v, (std::vector<float>{-4.0f, 14.0f, 0.5f, -2.0f, 0.75f, 0.0f}));
+  // the same codes as unsigned with zero points, stored transposed ([N=2, K=3], k_axis 1: scales [N, G])
+  WeightMatrix nk{DType::kFloat32, nullptr, 2, 3, 1};
+  QuantResult z;
+  z.groups = 2;
+  z.codes = {15, 0, 8, 3, 4, 5};  // column n = row n of the stored weight
+  z.scales = {1.0f, 2.0f, 0.5f, 3.0f};
+  z.zero_points = {8, 1, 0, 5};
+  QuantSpec asym{4, 2, true};
+  b = dequantize_ref(nk, asym, z, DType::kFloat32);
+  std::memcpy(v.data(), b.data(), b.size());
+  EXPECT_EQ(v, (std::vector<float>{7.0f, -8.0f, 14.0f, 1.5f, 2.0f, 0.0f}));
+}
+
+// QuantizeLinear computes round_half_even(x / s) + z in float32 (fp16 inputs widened): from the stored
+// s·(q − z) it must give back q for every code, scale and dtype, including the fp16 rounding of the
+// product. Scales span the fp16 range (subnormals included) and random float32 mantissas.
+TEST(Dequantize, QuantizeLinearRecoversEveryCode) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  for (DType dt : {DType::kFloat32, DType::kFloat16}) {
+    for (bool zp : {false, true}) {
+      for (int e = -24; e <= 10; ++e) {
+        const float s = round_to(dt, std::ldexp(mant(rng), e));
+        if (s == 0.0f) continue;
+        const int lo = zp ? 0 : -8, hi = zp ? 15 : 7;
+        for (int zero = zp ? 0 : 0; zero <= (zp ? 15 : 0); ++zero)
+          for (int c = lo; c <= hi; ++c) {
+            WeightMatrix one{dt, nullptr, 1, 1, 0};
+            QuantResult q;
+            q.groups = 1;
+            q.codes = {uint8_t(c)};
+            q.scales = {s};
+            if (zp) q.zero_points = {uint8_t(zero)};
+            const auto b = dequantize_ref(one, QuantSpec{4, 16, zp}, q, dt);
+            const float x = load_float(dt, b.data(), 0);
+            const float back = std::nearbyint(x / s) + float(zp ? zero : 0);
+            ASSERT_EQ(back, float(c)) << dtype_name(dt) << " s=" << s << " zero=" << zero;
+          }
+      }
+    }
+  }
 }

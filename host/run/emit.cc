@@ -205,11 +205,13 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     if (searched.on_quantized && !searched.replay)
       searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;
-    // qdq: QuantizeLinear rounds the stored float weight again, which gives GPTQ's codes only when
-    // that weight is GPTQ's own s·(q − z) (exactly: see kernels/cpu/dequant_ref.h).
-    std::vector<uint8_t> gptq_float;
-    if (searched.gptq && planned.format == Format::kQdq) gptq_float = backend.dequantize(p.w, p.spec, q, pw.dtype);
-    const Format used = rewriter.emit(pw, p.spec, q, &bytes, gptq_float.empty() ? nullptr : &gptq_float);
+    // qdq: QuantizeLinear rounds the stored float weight again. That gives back the codes only from the
+    // weight they were computed from: for GPTQ's codes, and for those of W ⊙ s (AWQ) or of W with divided
+    // columns, the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
+    const bool transformed = searched.gptq || sp || cd != column_divisors.end();
+    std::vector<uint8_t> qdq_float;
+    if (transformed && planned.format == Format::kQdq) qdq_float = backend.dequantize(p.w, p.spec, q, pw.dtype);
+    const Format used = rewriter.emit(pw, p.spec, q, &bytes, qdq_float.empty() ? nullptr : &qdq_float);
     if (used != planned.format)
       spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
                    pw.weight, pw.node_name);

@@ -92,3 +92,24 @@ def test_qdq_output_size_is_the_float_weight_plus_scales(nibble, model_cache, tm
     _, path, dq, qdq = quantize_pair(nibble, model_cache, tmp_path, "fp32", ("--algo", "gptq"))
     size = lambda g: sum(os.path.getsize(os.path.join(g.folder, f)) for f in os.listdir(g.folder))  # noqa: E731
     assert size(qdq) > size(dq) and size(qdq) >= 0.9 * size(Graph(path))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "awq_full"])
+def test_quantizelinear_gives_back_the_awq_codes(nibble, model_cache, tmp_path, dtype, algo):
+    """AWQ in qdq: the codes are those of W ⊙ s, so QuantizeLinear must read the stored s·(q − z), not W
+    (which would give another weight with W ⊙ s's scales: a silently wrong model); awq_clip's codes come
+    from W itself and its QuantizeLinear reads W."""
+    spec, path, dq, qdq = quantize_pair(nibble, model_cache, tmp_path, dtype, ("--algo", algo))
+    qnodes = [n for n in qdq.model.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(qnodes) == 5 * spec.layers
+    scaled = 0
+    for n in qnodes:
+        weight = n.input[0]
+        source = weight[:-len("_dequantized")] if weight.endswith("_dequantized") else weight
+        scaled += weight != source
+        codes, _ = dq.int4(source + "_i4")
+        got = ort_quantize_linear(qdq, n)
+        differ = int((got.astype(np.int64) != codes.astype(np.int64)).sum())
+        assert differ == 0, f"{source}: {differ} of {codes.size} codes differ from dq's"
+    assert (scaled > 0) == (algo != "awq_clip"), scaled

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "host/graph/awq_place.h"
 #include "host/run/progress.h"
@@ -54,6 +55,13 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
   return p;
 }
 
+// What nibble-mode rtn/rtn_dq search (bench/RESULTS.md "Default RTN" has the measurements behind it).
+kernels::RtnSearchOptions rtn_lsq_options() {
+  kernels::RtnSearchOptions r;
+  if (const char* e = std::getenv("NIBBLE_EXPERIMENT_FIT")) r.weight = kernels::FitWeight(std::atoi(e));
+  return r;
+}
+
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
   kernels::QuantResult q;
@@ -66,6 +74,10 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     // otherwise unused code -2^(b-1) included), the scale with the smallest weight error.
     const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
     backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
+  } else if (o.algo == Algo::kHqq) {
+    backend.hqq(p.w, p.spec, kernels::HqqOptions{}, q);
+  } else if (o.rtn_searches_scale()) {
+    backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
   } else if (s && !o.modelopt()) {
     // nibble mode: each block picks its clip ratio by the activation-weighted error, the weight of
     // input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
@@ -106,7 +118,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
                human_bytes(e.bytes_in), o.onnx_path, name_of(o.algo), o.block_size,
                n_int8 ? " + " + std::to_string(n_int8) + " INT8 per channel" : std::string(), name_of(planned.format));
   // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
-  e.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
+  e.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());
   std::map<std::string, std::vector<float>> scales, column_divisors;
   for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
   if (o.searches_scales())

@@ -5,7 +5,7 @@
 Run with the venv made by scripts/setup_peers:
 
     .venv-ortq/bin/python bench/run_ort_quantizer.py --onnx_path IN.onnx --output_path OUT.onnx \
-        [--block_size 128] [--symmetric] [--format QOperator|QDQ] [--accuracy_level N]
+        [--block_size 128] [--symmetric] [--algo rtn|hqq] [--format QOperator|QDQ] [--accuracy_level N]
 
 Class defaults are kept (bits 4, block 128, asymmetric, QOperator, accuracy_level None, MatMul only);
 note the module's own CLI has other defaults (block 32, symmetric).  To compare with ModelOpt's
@@ -29,6 +29,9 @@ def main():
     ap.add_argument("--output_path", required=True)
     ap.add_argument("--block_size", type=int, default=128)
     ap.add_argument("--symmetric", action="store_true")
+    ap.add_argument("--algo", default="rtn", choices=["rtn", "hqq"],
+                    help="rtn: the class default (DEFAULT, RTN in C++/MLAS); hqq: HQQWeightOnlyQuantConfig "
+                         "(its defaults: lp_norm 0.7, beta 10, kappa 1.01, 20 iterations; float zero points)")
     ap.add_argument("--format", default="QOperator", choices=["QOperator", "QDQ"])
     ap.add_argument("--accuracy_level", type=int, default=None)
     ap.add_argument("--exclude", action="append", default=None,
@@ -39,7 +42,7 @@ def main():
     t0 = time.perf_counter()
     import onnx
     from onnxruntime.quantization import QuantFormat
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig, MatMulNBitsQuantizer
     t_imp = time.perf_counter()
 
     model = onnx.load(args.onnx_path, load_external_data=True)
@@ -48,11 +51,13 @@ def main():
     t_load = time.perf_counter()
 
     fmt = QuantFormat.QDQ if args.format == "QDQ" else QuantFormat.QOperator
-    print(f"run_ort_quantizer: block_size={args.block_size} symmetric={args.symmetric} format={args.format} "
+    print(f"run_ort_quantizer: algo={args.algo} block_size={args.block_size} symmetric={args.symmetric} format={args.format} "
           f"accuracy_level={args.accuracy_level} excluded={excluded}", flush=True)
+    algo_config = HQQWeightOnlyQuantConfig(block_size=args.block_size, bits=4, quant_format=fmt) \
+        if args.algo == "hqq" else None
     quant = MatMulNBitsQuantizer(model, bits=4, block_size=args.block_size, is_symmetric=args.symmetric,
                                  accuracy_level=args.accuracy_level, nodes_to_exclude=excluded,
-                                 quant_format=fmt)
+                                 quant_format=fmt, algo_config=algo_config)
     quant.process()
     t_q = time.perf_counter()
 

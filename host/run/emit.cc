@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 
 #include "host/graph/awq_place.h"
 #include "host/run/progress.h"
@@ -55,10 +54,12 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
   return p;
 }
 
-// What nibble-mode rtn/rtn_dq search (bench/RESULTS.md "Default RTN" has the measurements behind it).
+// What nibble-mode rtn/rtn_dq search: errors weighted by rms(block) + |w| (llama.cpp's choice for its
+// k-quants), which measured the best perplexity of the three weightings on SmolLM2-135M (bench/RESULTS.md
+// "Default RTN and HQQ").
 kernels::RtnSearchOptions rtn_lsq_options() {
   kernels::RtnSearchOptions r;
-  if (const char* e = std::getenv("NIBBLE_EXPERIMENT_FIT")) r.weight = kernels::FitWeight(std::atoi(e));
+  r.weight = kernels::FitWeight::kMagnitude;
   return r;
 }
 

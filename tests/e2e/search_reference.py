@@ -3,14 +3,15 @@ algorithms (llama.cpp's make_qx_quants / make_qkx2_quants; HQQ, Badri & Shaji 20
 HQQWeightOnlyQuantizer.optimize_weights runs it) with nibble's choices spelled out, float32 weights,
 K a multiple of the block, all blocks at once ([blocks, bs] rows):
 
-  rtn_lsq, symmetric (uniform importance):
+  importance of each element: w = rms(block) + |x|  (llama.cpp's k-quant weighting)
+  rtn_lsq, symmetric:
       m = the block's signed extreme (first largest |x|);  start s0 = m / -8
-      for i in -9..9: l = clip(rint(-(8 + 0.1 i) / m · x), -8, 7);  fit = (Σ x·l)² / Σ l²  (largest wins,
-        first on ties);  s1 = Σ x·l / Σ l²  (float32)
-      codes = clip(rint(x / s), -8, 7) for s in {s0, s1}; keep s1 if its Σ (x - code·s)² is smaller
+      for i in -9..9: l = clip(rint(-(8 + 0.1 i) / m · x), -8, 7);  fit = (Σ w·x·l)² / Σ w·l²  (largest
+        wins, first on ties);  s1 = Σ w·x·l / Σ w·l²  (float32)
+      codes = clip(rint(x / s), -8, 7) for s in {s0, s1}; keep s1 if its Σ w·(x - code·s)² is smaller
   rtn_lsq, zero point: mn = min(x, 0), mx = max(x, 0); start = plain min/max RTN (s = (mx - mn) / 15,
       z = clip(-rint(mn / s), 0, 15));  for i in 0..20: l = clip(rint((14 + 0.1 i) / (mx - mn) · (x - mn)),
-      0, 15), least squares x ≈ s·l + o (o > 0: o = 0, s = Σ x·l / Σ l²), smallest residual wins;
+      0, 15), weighted least squares x ≈ s·l + o (o > 0: o = 0, s = Σ w·x·l / Σ w·l²), smallest residual wins;
       z = clip(rint(-o / s), 0, 15);  codes clip(rint(x / s) + z, 0, 15); kept if the error is smaller
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
@@ -34,10 +35,18 @@ def blocks_of(w: np.ndarray, bs: int) -> np.ndarray:
     return np.ascontiguousarray(w.T.reshape(N * (K // bs), bs))
 
 
-def _sq_err(x, codes, s, z=None):
+def _sq_err(x, codes, s, z=None, imp=None):
     deq = ((codes.astype(f32) - (0 if z is None else z[:, None].astype(f32))) * s[:, None]).astype(f32)
     d = (x - deq).astype(np.float64)
-    return (d * d).sum(axis=1)
+    return ((1.0 if imp is None else imp) * d * d).sum(axis=1)
+
+
+def importance(x: np.ndarray):
+    """(float64 importance for the error, float32 for the sums), per element of x [B, bs]."""
+    xd = x.astype(np.float64)
+    rms = np.sqrt((xd * xd).sum(axis=1) / x.shape[1])
+    imp = rms[:, None] + np.abs(xd)
+    return imp, imp.astype(f32)
 
 
 def _rtn_sym(x, s):
@@ -53,21 +62,22 @@ def lsq_symmetric(x: np.ndarray, steps: int = 9):
     rows = np.arange(x.shape[0])
     m = x[rows, np.abs(x).argmax(axis=1)]
     s0 = (m / f32(-8)).astype(f32)
+    imp, w = importance(x)
     best_fit = np.zeros(x.shape[0])
     fit_s = np.zeros(x.shape[0])
     step = f32(f32(0.1) * f32(8)) / f32(8)
     for i in range(-steps, steps + 1):
         iscale = (-(f32(8) + step * f32(i)) / m).astype(f32)
         l = np.clip(np.rint((iscale[:, None] * x).astype(f32)), -8, 7).astype(f32)
-        sxl = (x * l).astype(np.float64).sum(axis=1)
-        sll = (l * l).astype(np.float64).sum(axis=1)
+        sxl = (w * x * l).astype(np.float64).sum(axis=1)
+        sll = (w * l * l).astype(np.float64).sum(axis=1)
         better = (sll > 0) & (sxl * sxl > best_fit * sll)
         safe = np.where(sll > 0, sll, 1)
         best_fit = np.where(better, sxl * sxl / safe, best_fit)
         fit_s = np.where(better, sxl / safe, fit_s)
     s1 = fit_s.astype(f32)
     c0, c1 = _rtn_sym(x, s0), _rtn_sym(x, np.where(s1 == 0, 1, s1))
-    take = (np.abs(s1) >= f32(1e-5)) & (_sq_err(x, c1, s1) < _sq_err(x, c0, s0))
+    take = (np.abs(s1) >= f32(1e-5)) & (_sq_err(x, c1, s1, imp=imp) < _sq_err(x, c0, s0, imp=imp))
     return np.where(take, s1, s0), np.where(take[:, None], c1, c0).astype(np.int8)
 
 
@@ -77,7 +87,9 @@ def lsq_zero_point(x: np.ndarray, steps: int = 9):
     mx = np.maximum(x.max(axis=1), 0).astype(f32)
     s0 = (np.maximum((mx - mn).astype(f32), f32(1e-5)) / f32(15)).astype(f32)
     z0 = np.clip(-np.rint((mn / s0).astype(f32)), 0, 15)
-    sw, sx, sxx = float(x.shape[1]), x.astype(np.float64).sum(axis=1), (x * x).astype(np.float64).sum(axis=1)
+    imp, w = importance(x)
+    sw = w.astype(np.float64).sum(axis=1)
+    sx, sxx = (w * x).astype(np.float64).sum(axis=1), (w * x * x).astype(np.float64).sum(axis=1)
     fit_err = np.full(x.shape[0], np.inf)
     fit_s = np.zeros(x.shape[0])
     fit_o = np.zeros(x.shape[0])
@@ -85,9 +97,8 @@ def lsq_zero_point(x: np.ndarray, steps: int = 9):
     for i in range(2 * steps + 3):
         iscale = ((f32(14) + step * f32(i)) / (mx - mn)).astype(f32)
         l = np.clip(np.rint((iscale[:, None] * (x - mn[:, None]).astype(f32)).astype(f32)), 0, 15).astype(f32)
-        sxl = (x * l).astype(np.float64).sum(axis=1)   # float32 products, float64 sums, as nibble
-        l = l.astype(np.float64)
-        sl, sll = l.sum(axis=1), (l * l).sum(axis=1)
+        sxl = (w * x * l).astype(np.float64).sum(axis=1)   # float32 products, float64 sums, as nibble
+        sl, sll = (w * l).astype(np.float64).sum(axis=1), (w * l * l).astype(np.float64).sum(axis=1)
         D = sw * sll - sl * sl
         ok = D > 0
         Ds = np.where(ok, D, 1)
@@ -105,7 +116,7 @@ def lsq_zero_point(x: np.ndarray, steps: int = 9):
     s1s = np.where(s1 >= f32(1e-5), s1, 1).astype(f32)
     z1 = np.clip(np.rint((-fit_o).astype(f32) / s1s), 0, 15)
     c0, c1 = _rtn_zp(x, s0, z0), _rtn_zp(x, s1s, z1)
-    take = (s1 >= f32(1e-5)) & (_sq_err(x, c1, s1s, z1) < _sq_err(x, c0, s0, z0))
+    take = (s1 >= f32(1e-5)) & (_sq_err(x, c1, s1s, z1, imp) < _sq_err(x, c0, s0, z0, imp))
     return (np.where(take, s1s, s0), np.where(take, z1, z0).astype(np.uint8),
             np.where(take[:, None], c1, c0).astype(np.uint8))
 

@@ -62,8 +62,10 @@ def main():
                "peak_rss_mb": m.get("peak_rss_mb", 0), "rc": m["rc"]}
         if m["rc"] == 0:
             ej = os.path.join(d, "eval.json")
+            # ORT's quantizer writes no tokenizer beside its output: the float model's.
             subprocess.run([NIBBLE, "eval", "--model", out, "--reference", args.model, "--windows", str(args.windows),
-                            "--json", ej, "--quiet"], check=True)
+                            "--tokenizer", os.path.dirname(os.path.abspath(args.model)), "--json", ej, "--quiet"],
+                           check=True)
             with open(ej) as f:
                 rec["eval"] = json.load(f)
         results.append(rec)

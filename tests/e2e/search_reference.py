@@ -9,10 +9,6 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
       for i in -9..9: l = clip(rint(-(8 + 0.1 i) / m · x), -8, 7);  fit = (Σ w·x·l)² / Σ w·l²  (largest
         wins, first on ties);  s1 = Σ w·x·l / Σ w·l²  (float32)
       codes = clip(rint(x / s), -8, 7) for s in {s0, s1}; keep s1 if its Σ w·(x - code·s)² is smaller
-  rtn_lsq, zero point: mn = min(x, 0), mx = max(x, 0); start = plain min/max RTN (s = (mx - mn) / 15,
-      z = clip(-rint(mn / s), 0, 15));  for i in 0..20: l = clip(rint((14 + 0.1 i) / (mx - mn) · (x - mn)),
-      0, 15), weighted least squares x ≈ s·l + o (o > 0: o = 0, s = Σ w·x·l / Σ w·l²), smallest residual wins;
-      z = clip(rint(-o / s), 0, 15);  codes clip(rint(x / s) + z, 0, 15); kept if the error is smaller
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
       (p = 0.7); z = mean(q - (x - e)·is); β *= 1.01; stop when mean |r| stops falling
@@ -79,46 +75,6 @@ def lsq_symmetric(x: np.ndarray, steps: int = 9):
     c0, c1 = _rtn_sym(x, s0), _rtn_sym(x, np.where(s1 == 0, 1, s1))
     take = (np.abs(s1) >= f32(1e-5)) & (_sq_err(x, c1, s1, imp=imp) < _sq_err(x, c0, s0, imp=imp))
     return np.where(take, s1, s0), np.where(take[:, None], c1, c0).astype(np.int8)
-
-
-def lsq_zero_point(x: np.ndarray, steps: int = 9):
-    """x [B, bs] float32 -> (scale [B], zero point [B], codes [B, bs] uint8)."""
-    mn = np.minimum(x.min(axis=1), 0).astype(f32)
-    mx = np.maximum(x.max(axis=1), 0).astype(f32)
-    s0 = (np.maximum((mx - mn).astype(f32), f32(1e-5)) / f32(15)).astype(f32)
-    z0 = np.clip(-np.rint((mn / s0).astype(f32)), 0, 15)
-    imp, w = importance(x)
-    sw = w.astype(np.float64).sum(axis=1)
-    sx, sxx = (w * x).astype(np.float64).sum(axis=1), (w * x * x).astype(np.float64).sum(axis=1)
-    fit_err = np.full(x.shape[0], np.inf)
-    fit_s = np.zeros(x.shape[0])
-    fit_o = np.zeros(x.shape[0])
-    step = f32(f32(0.1) * f32(15)) / f32(15)
-    for i in range(2 * steps + 3):
-        iscale = ((f32(14) + step * f32(i)) / (mx - mn)).astype(f32)
-        l = np.clip(np.rint((iscale[:, None] * (x - mn[:, None]).astype(f32)).astype(f32)), 0, 15).astype(f32)
-        sxl = (w * x * l).astype(np.float64).sum(axis=1)   # float32 products, float64 sums, as nibble
-        sl, sll = (w * l).astype(np.float64).sum(axis=1), (w * l * l).astype(np.float64).sum(axis=1)
-        D = sw * sll - sl * sl
-        ok = D > 0
-        Ds = np.where(ok, D, 1)
-        s = (sw * sxl - sx * sl) / Ds
-        o = (sll * sx - sl * sxl) / Ds
-        pos = o > 0
-        s = np.where(pos, sxl / np.where(sll > 0, sll, 1), s)
-        o = np.where(pos, 0, o)
-        err = sxx + s * s * sll + o * o * sw - 2 * s * sxl - 2 * o * sx + 2 * s * o * sl
-        better = ok & (s > 0) & (err < fit_err)
-        fit_err = np.where(better, err, fit_err)
-        fit_s = np.where(better, s, fit_s)
-        fit_o = np.where(better, o, fit_o)
-    s1 = fit_s.astype(f32)
-    s1s = np.where(s1 >= f32(1e-5), s1, 1).astype(f32)
-    z1 = np.clip(np.rint((-fit_o).astype(f32) / s1s), 0, 15)
-    c0, c1 = _rtn_zp(x, s0, z0), _rtn_zp(x, s1s, z1)
-    take = (s1 >= f32(1e-5)) & (_sq_err(x, c1, s1s, z1, imp) < _sq_err(x, c0, s0, z0, imp))
-    return (np.where(take, s1s, s0), np.where(take, z1, z0).astype(np.uint8),
-            np.where(take[:, None], c1, c0).astype(np.uint8))
 
 
 def hqq(x: np.ndarray, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 1.01, iters: int = 20):

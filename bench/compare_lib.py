@@ -180,7 +180,7 @@ def all_rows(calib_lite: tuple[int, int], calib_clip: tuple[int, int]) -> list[R
 # Mixed INT4/INT8 precision: ModelOpt's default layer choice and nibble's
 # sensitivity choice at the same output size (its default budget).  id -> extra flags.
 MIXED_FLAGS = {
-    "nibble:rtn_dq_mixed": ["--algo", "rtn_dq", "--enable_mixed_quant"],
+    "nibble:rtn_dq_mixed": ["--algo", "rtn_dq", "--enable_mixed_quant", "--awq_mode", "modelopt"],
     "nibble:rtn_dq_mixed_sens": ["--algo", "rtn_dq", "--mixed_strategy", "sensitivity"],
     "nibble:awq_lite_mixed_sens": ["--algo", "awq_lite", "--mixed_strategy", "sensitivity"],
     "modelopt:rtn_dq_mixed": ["--algo", "rtn_dq", "--enable_mixed_quant"],
@@ -228,8 +228,8 @@ def command(row: Row, model: str, out: str, block_size: int, calib_npz: str | No
             if row.calib:
                 cmd += ["--calib_size", str(row.calib[0]), "--calib_data", calib_npz]
             return cmd, None
-        if row.id == "nibble:rtn_dq":
-            return cmd + ["--algo", "rtn_dq"], None
+        if row.id == "nibble:rtn_dq":  # against ModelOpt's rtn_dq: its 15-level grid
+            return cmd + ["--algo", "rtn_dq", "--awq_mode", "modelopt"], None
         if row.id == "nibble:rtn_dq_zp":
             return cmd + ["--algo", "rtn_dq", "--use_zero_point"], None
         if row.id == "nibble:rtn_dq_matmulnbits":

@@ -22,11 +22,14 @@ namespace {
 
 constexpr const char* kAlgoHelp =
     "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
-    "calibration, fastest. rtn: round-to-nearest, QuantizeLinear->DequantizeLinear on the float weight. "
+    "calibration, fastest; with --awq_mode nibble (default) each block's scale (and zero point) is searched by "
+    "least squares on 16 levels, with --awq_mode modelopt it is ModelOpt's 15-level amax/7 grid, bit-identical. "
+    "rtn: the same, QuantizeLinear->DequantizeLinear on the float weight. "
     "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
     "ratio search on the calibration data. awq_full: awq_lite then awq_clip. gptq: GPTQ (each channel's rounding error compensated on the channels not "
     "yet quantized, through the inverse of XᵀX from calibration). awq_gptq: awq_lite's scales, then GPTQ on W ⊙ s. rtn_search: round-to-nearest where each block "
-    "picks the clip ratio and sign of its scale with the smallest weight error, no calibration";
+    "picks the clip ratio and sign of its scale with the smallest weight error, no calibration. hqq: half-quadratic "
+    "quantization (each block's zero point by proximal lp-norm iterations, no calibration; writes zero points)";
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
@@ -107,9 +110,9 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
                "Default: /lm_head. Pass '' to exclude nothing")
       ->capture_default_str();
   q.add_option("--awq_mode", c.awq_mode,
-               "AWQ arithmetic: nibble (contiguous blocks, honoured alpha step, padding masked, joint sibling "
-               "search; clip search on all calibration tokens through XᵀX) or modelopt (ModelOpt 0.47's "
-               "arithmetic and quirks, for bit-exact comparison)")
+               "AWQ and RTN arithmetic: nibble (contiguous blocks, honoured alpha step, padding masked, joint "
+               "sibling search; clip search on all calibration tokens through XᵀX; RTN's least-squares scale "
+               "search on 16 levels) or modelopt (ModelOpt 0.47's arithmetic and quirks, for bit-exact comparison)")
       ->capture_default_str();
   q.add_option("--calib_data", o.calib.calib_data, "Calibration from an .npz of ready model inputs (axis 0 = samples) "
                "instead of --dataset");

@@ -27,7 +27,8 @@ const char* name_in(E e, const std::pair<const char*, E> (&table)[N]) {
 constexpr std::pair<const char*, Algo> kAlgos[] = {
     {"awq_lite", Algo::kAwqLite}, {"awq_clip", Algo::kAwqClip}, {"awq_full", Algo::kAwqFull},
     {"rtn", Algo::kRtn},          {"rtn_dq", Algo::kRtnDq},     {"gptq", Algo::kGptq},
-    {"awq_gptq", Algo::kAwqGptq}, {"rtn_search", Algo::kRtnSearch}};
+    {"awq_gptq", Algo::kAwqGptq}, {"rtn_search", Algo::kRtnSearch},
+    {"hqq", Algo::kHqq}};
 constexpr std::pair<const char*, AwqMode> kModes[] = {{"nibble", AwqMode::kNibble}, {"modelopt", AwqMode::kModelopt}};
 constexpr std::pair<const char*, Format> kFormats[] = {
     {"dq", Format::kDq}, {"qdq", Format::kQdq}, {"matmulnbits", Format::kMatMulNBits}};

@@ -13,7 +13,7 @@
 
 namespace nibble {
 
-enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch };
+enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kHqq };
 // modelopt: ModelOpt's arithmetic and quirks, for bit-exact codes; nibble: its defects fixed.
 enum class AwqMode { kNibble, kModelopt };
 enum class Format { kDq, kQdq, kMatMulNBits };
@@ -71,6 +71,14 @@ struct QuantizeOptions {
   bool searches_scales() const { return algo == Algo::kAwqLite || algo == Algo::kAwqFull || algo == Algo::kAwqGptq; }
   bool searches_clip() const { return algo == Algo::kAwqClip || algo == Algo::kAwqFull; }
   bool uses_gptq() const { return algo == Algo::kGptq || algo == Algo::kAwqGptq; }
+  // Symmetric rtn/rtn_dq in nibble mode: each block's scale by the least-squares search (rtn_lsq) on 2^b
+  // levels; in modelopt mode ModelOpt's 15-level grid. With a zero point both modes keep plain min/max
+  // RTN: the zero-point search measured worse perplexity than min/max (bench/RESULTS.md).
+  bool rtn_searches_scale() const {
+    return (algo == Algo::kRtn || algo == Algo::kRtnDq) && !modelopt() && !use_zero_point;
+  }
+  // HQQ fits zero points: it writes them whatever --use_zero_point says.
+  bool zero_point() const { return use_zero_point || algo == Algo::kHqq; }
   // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).
   MixedStrategy mixed_strategy() const;
 };

@@ -49,6 +49,24 @@ struct GptqOptions {
   int64_t lazy_block = 128;  // channels per lazy batch of the fast kernel (no effect on the result's math)
 };
 
+// How rtn_lsq weighs each element's squared error when it fits and chooses a block's scale:
+// uniformly, by x² (llama.cpp's make_qx_quants), or by rms(block) + |x| (its make_qkx2_quants use).
+enum class FitWeight { kUniform, kSquare, kMagnitude };
+
+struct RtnSearchOptions {
+  FitWeight weight = FitWeight::kUniform;
+  int steps = 9;  // candidates 2 * steps + 1 (symmetric) or 2 * steps + 3 (zero point), besides plain RTN
+};
+
+// Half-quadratic quantization's parameters (ONNX Runtime's and mobiusml's defaults).
+struct HqqOptions {
+  float lp_norm = 0.7f;
+  float beta = 10.0f;
+  float kappa = 1.01f;
+  int iters = 20;
+  bool refit_scale = false;  // least-squares scale on the final codes, kept where it lowers the error
+};
+
 // Device memory a backend may hold (its budget) and the most it held at once; zero for the CPU.
 struct DeviceMemoryUse {
   uint64_t budget = 0;
@@ -73,6 +91,13 @@ class Backend {
                             const std::vector<float>& ratios, QuantResult& out) = 0;
   // Symmetric RTN with a given clip ratio per block (ratio_ng [N * G], index n * G + g).
   virtual void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) = 0;
+
+  // ---- Calibration-free per-block searches (search_ref.h); codes are RTN's with the chosen parameters
+  // Each block's scale (and zero point) by least squares around 2^b-level RTN, kept where the block's
+  // weighted error falls (block_fit.h).
+  virtual void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) = 0;
+  // HQQ: each block's zero point by the half-quadratic proximal iterations; spec.zero_point must be set.
+  virtual void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) = 0;
 
   // ---- Weight scaling (stored layout in and out)
   // W ⊙ s along K, each product rounded to w.dtype.

@@ -45,11 +45,18 @@ std::vector<Case> symmetric_only(const std::vector<Case>& cs) {
   return out;
 }
 
+std::vector<Case> zero_point_only(const std::vector<Case>& cs) {
+  std::vector<Case> out;
+  for (const Case& c : cs)
+    if (c.zp) out.push_back(c);
+  return out;
+}
+
 }  // namespace
 
 const std::vector<std::string>& backend_op_names() {
   static const std::vector<std::string> names = {
-      "rtn", "rtn_weighted", "rtn_ratios", "scale_weight", "scale_weight_f32", "divide_columns",
+      "rtn", "rtn_weighted", "rtn_ratios", "rtn_lsq", "hqq", "scale_weight", "scale_weight_f32", "divide_columns",
       "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
       "clip_search_modelopt", "clip_quantize_gram", "gptq", "pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales",
       "pack_matmulnbits_zero_points", "dequantize"};
@@ -99,6 +106,31 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
                       g.rtn_ratios(w.m, c.spec(), ratio.data(), x);
                       return same_quant(a, x);
                     }));
+  out.push_back(run("rtn_lsq", ref, b, cs, [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+    for (FitWeight how : {FitWeight::kUniform, FitWeight::kSquare, FitWeight::kMagnitude})
+      for (DType st : {DType::kUndefined, DType::kFloat16}) {
+        QuantSpec spec = c.spec();
+        spec.scale_dtype = st;
+        RtnSearchOptions opt;
+        opt.weight = how;
+        QuantResult a, x;
+        r.rtn_lsq(w.m, spec, opt, a);
+        g.rtn_lsq(w.m, spec, opt, x);
+        if (auto e = same_quant(a, x); !e.empty()) return e;
+      }
+    return std::string();
+  }));
+  out.push_back(run("hqq", ref, b, zero_point_only(cs), [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+    for (bool refit : {false, true}) {
+      HqqOptions opt;
+      opt.refit_scale = refit;
+      QuantResult a, x;
+      r.hqq(w.m, c.spec(), opt, a);
+      g.hqq(w.m, c.spec(), opt, x);
+      if (auto e = same_quant(a, x); !e.empty()) return e;
+    }
+    return std::string();
+  }));
   using Scale = std::vector<uint8_t> (Backend::*)(const WeightMatrix&, const float*);
   const std::pair<const char*, Scale> scalings[] = {{"scale_weight", &Backend::scale_weight},
                                                     {"scale_weight_f32", &Backend::scale_weight_f32},

@@ -17,10 +17,11 @@ from tests.e2e.conftest import Graph  # noqa: E402
 NIBBLE = os.path.join(ROOT, "build", "nibble")
 MODELOPT_PY = os.path.join(ROOT, ".venv-modelopt", "bin", "python")
 CASES = {  # name: (ModelOpt run_modelopt.py flags, nibble flags)
-    "rtn_dq": (["--algo", "rtn_dq"], ["--algo", "rtn_dq"]),
+    "rtn_dq": (["--algo", "rtn_dq"], ["--algo", "rtn_dq", "--awq_mode", "modelopt"]),
     "awq_lite": (["--algo", "awq_lite"], ["--algo", "awq_lite", "--awq_mode", "modelopt"]),
     "awq_clip": (["--algo", "awq_clip"], ["--algo", "awq_clip", "--awq_mode", "modelopt"]),
-    "mixed_rtn_dq": (["--algo", "rtn_dq", "--enable_mixed_quant"], ["--algo", "rtn_dq", "--enable_mixed_quant"]),
+    "mixed_rtn_dq": (["--algo", "rtn_dq", "--enable_mixed_quant"],
+                     ["--algo", "rtn_dq", "--enable_mixed_quant", "--awq_mode", "modelopt"]),
 }
 SAMPLES, SEQ = 8, 64
 

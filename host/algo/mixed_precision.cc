@@ -255,7 +255,7 @@ namespace {
 void measure_errors(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
                     kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
                     std::vector<double>* e4, std::vector<double>* e8) {
-  const bool awq = choices != nullptr, zp = o.use_zero_point;
+  const bool awq = choices != nullptr, zp = o.zero_point();
   e4->assign(plan.weights.size(), 0);
   e8->assign(plan.weights.size(), 0);
   for (const auto& [act, idx] : plan.siblings) {
@@ -392,7 +392,7 @@ void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, c
   std::vector<double> e4, e8;
   measure_errors(model, plan, calib, o, backend, choices, &e4, &e8);
   const SizeMode mode = o.mixed_budget.empty() ? SizeMode::kExpected : SizeMode::kBound;
-  const Sizes z = weight_sizes(model, plan, format, o.use_zero_point, mode);
+  const Sizes z = weight_sizes(model, plan, format, o.zero_point(), mode);
   // The budget: a share of the elements, an output size, or (default) the size of ModelOpt's choice.
   std::string budget_desc = o.mixed_budget;
   const MixedBudget budget = o.mixed_budget.empty() ? modelopt_choice_budget(model, plan, z, &budget_desc)

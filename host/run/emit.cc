@@ -65,6 +65,15 @@ kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSp
   return q;
 }
 
+// What nibble-mode rtn/rtn_dq search: errors weighted by rms(block) + |w| (llama.cpp's choice for its
+// k-quants), which measured the best perplexity of the three weightings on SmolLM2-135M (bench/RESULTS.md
+// "Default RTN and HQQ").
+kernels::RtnSearchOptions rtn_lsq_options() {
+  kernels::RtnSearchOptions r;
+  r.weight = kernels::FitWeight::kMagnitude;
+  return r;
+}
+
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
   kernels::QuantResult q;
@@ -78,6 +87,10 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     // otherwise unused code -2^(b-1) included), the scale with the smallest weight error.
     const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
     backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
+  } else if (o.algo == Algo::kHqq) {
+    backend.hqq(p.w, p.spec, kernels::HqqOptions{}, q);
+  } else if (o.rtn_searches_scale()) {
+    backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
   } else if (s && !o.modelopt()) {
     // nibble mode: each block picks its clip ratio by the activation-weighted error, the weight of
     // input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
@@ -185,7 +198,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
                                           std::to_string(o.gather_block_size),
                name_of(planned.format));
   // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
-  e.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
+  e.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());
   std::map<std::string, std::vector<float>> scales, column_divisors;
   for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
   if (o.searches_scales())

@@ -29,6 +29,9 @@ void warn_inert_flags(const QuantizeOptions& o) {
   if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
     spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", o.gptq_percdamp,
                  name_of(o.algo));
+  if (o.algo == Algo::kHqq && !o.use_zero_point)
+    spdlog::info("--algo hqq: writes UINT4/UINT8 codes with zero points (HQQ fits the zero point), as with "
+                 "--use_zero_point");
   if (!o.uses_gptq() && o.gptq_act_order)
     spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
   if (!lite && !clip && !o.uses_gptq() && !mixed_needs_calibration(o))
@@ -79,6 +82,8 @@ void validate_options(const QuantizeOptions& o) {
   if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
   if (o.algo == Algo::kRtnSearch && o.modelopt())
     throw Error("--algo rtn_search --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
+  if (o.algo == Algo::kHqq && o.modelopt())
+    throw Error("--algo hqq --awq_mode modelopt: ModelOpt has no HQQ (use --awq_mode nibble)");
   if (o.uses_gptq() && o.modelopt())
     throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "
                 "no arithmetic of its to reproduce (use --awq_mode nibble)");

@@ -1,5 +1,5 @@
 // The CPU backend (fast kernels) and the reference backend (scalar `*_ref` kernels): they differ in
-// RTN, the weighted clip search, the AWQ loss, the Cholesky factor, the Gram clip search and GPTQ.
+// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the Gram clip search and GPTQ.
 #include "kernels/cpu/cpu_backend.h"
 
 #include "kernels/cpu/awq_fast.h"
@@ -12,6 +12,8 @@
 #include "kernels/cpu/gptq_ref.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"
+#include "kernels/cpu/search_fast.h"
+#include "kernels/cpu/search_ref.h"
 #include "kernels/parallel.h"
 
 namespace nibble::kernels {
@@ -30,6 +32,12 @@ class CpuBackend final : public CpuCommon {
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw, const std::vector<float>& ratios,
                     QuantResult& out) override {
     rtn_quantize_weighted_fast(w, spec, cw, ratios, out);
+  }
+  void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override {
+    rtn_lsq_fast(w, spec, opt, out);
+  }
+  void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
+    hqq_fast(w, spec, opt, out);
   }
   std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
     return kernels::gram_cholesky_upper(gram, K);
@@ -64,6 +72,12 @@ class ReferenceBackend final : public CpuCommon {
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw, const std::vector<float>& ratios,
                     QuantResult& out) override {
     rtn_quantize_weighted(w, spec, cw, ratios, out);
+  }
+  void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override {
+    rtn_lsq_ref(w, spec, opt, out);
+  }
+  void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
+    hqq_ref(w, spec, opt, out);
   }
   std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
     return gram_cholesky_upper_ref(gram, K);

@@ -5,7 +5,8 @@
 //
 // On the host, through `host_` (a reference backend): awq_scale (K values; a GPU's powf is not
 // libm's, and the codes depend on these bits), clip_search_modelopt and awq_weight_mean_joint
-// (ModelOpt-mode only), gptq_factor, gptq_quantize and dequantize: no device versions yet.
+// (ModelOpt-mode only), gptq_factor, gptq_quantize and dequantize, rtn_lsq and hqq (their per-block
+// searches branch per candidate and iteration, and hqq's powf is libm's on the host): no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -49,6 +50,12 @@ class CudaBackend final : public Backend {
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
                     const std::vector<float>& ratios, QuantResult& out) override;
   void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
+  void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override {
+    host_->rtn_lsq(w, spec, opt, out);
+  }
+  void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
+    host_->hqq(w, spec, opt, out);
+  }
   std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;

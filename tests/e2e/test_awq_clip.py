@@ -131,7 +131,7 @@ def test_nibble_awq_clip_minimises_the_block_loss(env):
 @pytest.mark.parametrize("algo,mode,max_mean", [("awq_clip", "modelopt", 0.45), ("awq_clip", "nibble", 0.35),
                                                 ("awq_full", "modelopt", 0.45), ("awq_full", "nibble", 0.28)])
 def test_closer_to_float_than_rtn_on_held_out_inputs(env, algo, mode, max_mean):
-    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq")[0].path, env.held), env.float_out)
+    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", "--awq_mode", "modelopt")[0].path, env.held), env.float_out)
     got = rel_mse(ort_run(env.quantize("--algo", algo, "--awq_mode", mode)[0].path, env.held), env.float_out)
     ratio = {k: got[k] / rtn[k] for k in rtn}
     print(algo, mode, {k: round(v, 3) for k, v in ratio.items()}, round(float(np.mean(list(ratio.values()))), 3))
@@ -141,7 +141,7 @@ def test_closer_to_float_than_rtn_on_held_out_inputs(env, algo, mode, max_mean):
 def test_nibble_zero_point_clip_runs(env):
     g, report = env.quantize("--algo", "awq_clip", "--use_zero_point")
     assert all(w["zero_point"] for w in report["weights"])
-    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", "--use_zero_point")[0].path, env.held), env.float_out)
+    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", "--awq_mode", "modelopt", "--use_zero_point")[0].path, env.held), env.float_out)
     got = rel_mse(ort_run(g.path, env.held), env.float_out)
     assert np.mean([got[k] / rtn[k] for k in rtn]) < 0.9
 
@@ -150,7 +150,7 @@ def test_nibble_per_channel_uses_the_whole_gram(env):
     """Per channel (block = K) nibble mode reads the whole XᵀX (no block-diagonal capture): it runs and
     beats per-channel RTN on the held-out inputs."""
     g, _ = env.quantize("--algo", "awq_clip", block=-1)
-    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", block=-1)[0].path, env.held), env.float_out)
+    rtn = rel_mse(ort_run(env.quantize("--algo", "rtn_dq", "--awq_mode", "modelopt", block=-1)[0].path, env.held), env.float_out)
     got = rel_mse(ort_run(g.path, env.held), env.float_out)
     assert np.mean([got[k] / rtn[k] for k in rtn]) < 0.9
 

@@ -73,7 +73,7 @@ def test_bf16_codes_scales_and_onnxruntime(nibble, tmp_path, fmt):
     src = str(tmp_path / "in" / "model.onnx")
     w = make_model(src)
     out = str(tmp_path / "q" / "model.onnx")
-    nibble.quantize(src, out, "--algo", "rtn_dq", "--block_size", str(BLOCK), "--format", fmt)
+    nibble.quantize(src, out, "--algo", "rtn_dq", "--awq_mode", "modelopt", "--block_size", str(BLOCK), "--format", fmt)
     g = Graph(out)
     deq = {}
     for name, a in w.items():

@@ -108,7 +108,8 @@ def test_reference_default_choice_is_the_documented_list(n):
 def test_default_choice_codes_and_layout(nibble, model_cache, tmp_path, n):
     spec, src = model_cache.llama(layers=n, **H_SMALL)
     out = str(tmp_path / "model.onnx")
-    rep = run_report(nibble, src, out, "--algo", "rtn_dq", "--block_size", "16", "--enable_mixed_quant")
+    rep = run_report(nibble, src, out, "--algo", "rtn_dq", "--awq_mode", "modelopt", "--block_size", "16",
+                     "--enable_mixed_quant")
     names = M.llama_names(spec)
     expected = {w for node, w in names if node in modelopt_default_int8([nd for nd, _ in names])}
     assert int8_weights(rep) == expected
@@ -140,7 +141,8 @@ def test_default_choice_codes_and_layout(nibble, model_cache, tmp_path, n):
 def test_int8_zero_point_codes(nibble, model_cache, tmp_path, dtype):
     spec, src = model_cache.llama(dtype=dtype, layers=2)
     out = str(tmp_path / "model.onnx")
-    run_report(nibble, src, out, "--algo", "rtn_dq", "--use_zero_point", "--layers_8bit", "layers.1")
+    run_report(nibble, src, out, "--algo", "rtn_dq", "--awq_mode", "modelopt", "--use_zero_point", "--layers_8bit",
+               "layers.1")
     g = Graph(out)
     W = M.llama_weights(spec)
     for node, w in M.llama_names(spec):
@@ -203,7 +205,8 @@ def test_formats_run_in_ort(nibble, model_cache, tmp_path, fmt, zp):
     spec, src = model_cache.llama(layers=2)     # H = 80, I = 200: no K is a power of two
     out = str(tmp_path / "model.onnx")
     algo = "rtn" if fmt == "qdq" else "rtn_dq"
-    flags = ["--algo", algo, "--format", fmt, "--block_size", "32", "--layers_8bit", "layers.0,mlp/down_proj"]
+    flags = ["--algo", algo, "--awq_mode", "modelopt", "--format", fmt, "--block_size", "32", "--layers_8bit",
+             "layers.0,mlp/down_proj"]
     rep = run_report(nibble, src, out, *(flags + (["--use_zero_point"] if zp else [])))
     onnx.checker.check_model(out)
     W = M.llama_weights(spec)

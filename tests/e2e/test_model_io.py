@@ -102,7 +102,7 @@ def test_weights_beyond_4gib_offsets(nibble, tmp_path):
     # (nibble.quantize would hash the 5 GiB sparse input: check the input by size and mtime instead)
     stat = os.stat(data)
     r = nibble.run("quantize", "--onnx_path", str(folder / "model.onnx"), "--output_path", str(out),
-                   "--algo", "rtn_dq", "--block_size", "32")
+                   "--algo", "rtn_dq", "--awq_mode", "modelopt", "--block_size", "32")
     assert r.returncode == 0, r.describe()
     assert (os.stat(data).st_size, os.stat(data).st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     got = Graph(str(out))

@@ -6,7 +6,7 @@ bench/RESULTS.md, on one clearly marked line (written by bench/compare, fp32 run
     CI-REFERENCE: modelopt rtn_dq fp32 block_size=128 windows=8 seq_len=256 ppl=...
 
 This test builds the fp32 model (cached in build/e2e-cache/, the folder test_smollm2_model.py uses),
-quantizes it with `nibble quantize --algo rtn_dq --block_size <block_size>` (lm_head stays float, as with
+quantizes it with `nibble quantize --algo rtn_dq --awq_mode modelopt --block_size <block_size>` (lm_head stays float, as with
 ModelOpt's default), and computes the perplexity with tools/eval_ppl.py on the same windows (the first
 <windows> x <seq_len> tokens of the corpus eval split, ORT accuracy level pinned to 1, as bench/compare does).
 
@@ -99,7 +99,7 @@ def test_nibble_rtn_dq_ppl_matches_modelopt(nibble, model_dir, tmp_path):
 
     ref = recorded_reference()
     out = tmp_path / "nibble_rtn_dq" / "model.onnx"
-    nibble.quantize(os.path.join(model_dir, "model.onnx"), str(out), "--algo", "rtn_dq",
+    nibble.quantize(os.path.join(model_dir, "model.onnx"), str(out), "--algo", "rtn_dq", "--awq_mode", "modelopt",
                     "--block_size", str(ref["block_size"]))
     res = eval_ppl(str(out), windows=ref["windows"], seq_len=ref["seq_len"], tokenizer=model_dir)
     assert res["windows"] == ref["windows"] and res["tokens"] == ref["windows"] * (ref["seq_len"] - 1)

@@ -349,7 +349,7 @@ def check_matmulnbits(g: Graph, src: Graph, p: WPlan, bs: int, zp: bool):
 
 def run_and_check(nibble, src: str, out: str, plan: dict[str, WPlan], fmt: str, bs: int, zp: bool,
                   extra=(), algo=None) -> Graph:
-    args = ["--algo", algo or ALGO_FOR[fmt], "--format", fmt, "--block_size", str(bs), *extra]
+    args = ["--algo", algo or ALGO_FOR[fmt], "--awq_mode", "modelopt", "--format", fmt, "--block_size", str(bs), *extra]
     if zp:
         args.append("--use_zero_point")
     nibble.quantize(src, out, *args)
@@ -493,7 +493,7 @@ def test_default_format_per_algo(nibble, model_cache, tmp_path):
     s = Graph(src)
     for algo, fmt in (("rtn_dq", "dq"), ("rtn", "qdq")):
         out = str(tmp_path / algo / "model.onnx")
-        nibble.quantize(src, out, "--algo", algo)
+        nibble.quantize(src, out, "--algo", algo, "--awq_mode", "modelopt")
         g = check_files(out)
         for p in plan.values():
             check_dq_like(g, s, p, fmt, 128, False)
@@ -513,7 +513,7 @@ def test_selection_rules(nibble, model_cache, tmp_path, fmt):
     if fmt != "matmulnbits":
         g = run_and_check(nibble, src, out, plan, fmt, 32, False)
     else:
-        nibble.quantize(src, out, "--algo", "rtn_dq", "--format", fmt, "--block_size", "32")
+        nibble.quantize(src, out, "--algo", "rtn_dq", "--awq_mode", "modelopt", "--format", fmt, "--block_size", "32")
         g = check_files(out)
         onnx.checker.check_model(out)
         check_matmulnbits(g, s, plan["model.sel.w.weight"], 32, False)
@@ -539,7 +539,7 @@ def test_weight_shared_with_excluded_lm_head(nibble, tmp_path):
     """A weight used by a quantized node and by the excluded /lm_head keeps its float initializer."""
     src = M.save(M.make_tied_lm_head(), str(tmp_path / "in" / "model.onnx"))
     out = str(tmp_path / "out" / "model.onnx")
-    nibble.quantize(src, out, "--algo", "rtn_dq", "--block_size", "16")
+    nibble.quantize(src, out, "--algo", "rtn_dq", "--awq_mode", "modelopt", "--block_size", "16")
     g = check_files(out)
     onnx.checker.check_model(out)
     assert g.nodes["/lm_head/MatMul"].input[1] == "tied.weight"
@@ -573,7 +573,7 @@ def test_report(nibble, model_cache, tmp_path, dtype, zp):
     plan = gemm_plan(spec)
     out = str(tmp_path / "out" / "model.onnx")
     rep = str(tmp_path / "report.json")
-    args = ["--algo", "rtn_dq", "--block_size", "32", "--report", rep] + (["--use_zero_point"] if zp else [])
+    args = ["--algo", "rtn_dq", "--awq_mode", "modelopt", "--block_size", "32", "--report", rep] + (["--use_zero_point"] if zp else [])
     nibble.quantize(src, out, *args)
     with open(rep) as f:
         report = json.load(f)

@@ -1,0 +1,197 @@
+// The per-block bodies of the calibration-free searches (rtn_lsq, hqq): one block's values in, its
+// scale and zero point out. Shared by the scalar references (search_ref.cc), the threaded CPU kernels
+// (search_fast.cc) and, through the host, the CUDA backend, so that all give the same bits.
+//
+// Whatever a search does inside, the codes are always RTN's with the chosen (scale, zero point):
+// clamp(rint(w / s) + z), the arithmetic of quantize_value and of ONNX QuantizeLinear, so qdq's
+// re-quantization, dq and MatMulNBits carry exactly the codes the search scored.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/rtn_ref.h"
+
+namespace nibble::kernels::fit {
+
+// Importance of element x in a block whose root mean square is rms.
+inline double importance(FitWeight how, float x, double rms) {
+  switch (how) {
+    case FitWeight::kSquare: return double(x) * double(x);
+    case FitWeight::kMagnitude: return rms + std::fabs(double(x));
+    default: return 1.0;
+  }
+}
+
+// The weighted squared error of RTN codes under p; `t` is the weight's dtype (what dequantization
+// rounds to, and what the code quotient is computed in).
+inline double block_error(const float* x, int64_t n, const BlockParams& p, int bits, bool zp, DType t,
+                          FitWeight how, double rms) {
+  double e = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const float d = x[k] - round_to(t, dequantize_value(quantize_value(x[k], p, bits, zp, t), p, bits, zp));
+    e += importance(how, x[k], rms) * double(d) * double(d);
+  }
+  return e;
+}
+
+inline double block_rms(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t k = 0; k < n; ++k) s += double(x[k]) * double(x[k]);
+  return n ? std::sqrt(s / double(n)) : 0.0;
+}
+
+// rint for |v| < 2^22 in the default rounding mode (half to even, as nearbyint), without a libm call,
+// so the candidate loops vectorize.
+inline float fast_rint(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// The importance of every element of a block (kept per thread: blocks may be a whole channel).
+inline const float* importances(const float* x, int64_t n, FitWeight how) {
+  thread_local std::vector<float> w;
+  w.resize(size_t(n));
+  const double rms = block_rms(x, n);
+  for (int64_t k = 0; k < n; ++k) w[size_t(k)] = float(importance(how, x[k], rms));
+  return w.data();
+}
+
+// Symmetric, 2^b levels. Start from the grid that puts the block's signed extreme m on code -2^(b-1)
+// (s = m / -2^(b-1), ONNX Runtime's RTN). Then, as llama.cpp's make_qx_quants: for inverse scales
+// -(2^(b-1) + δ_i) / m round the block to l, fit s = Σ w·x·l / Σ w·l² (weighted least squares) and
+// take the candidate with the smallest fitted error (largest (Σ w·x·l)² / Σ w·l²). Its scale, rounded
+// to the scale type, re-rounds the block (RTN codes, never worse than l at that scale); it replaces the
+// start only if its weighted error is smaller.
+inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, DType st, const RtnSearchOptions& o) {
+  const float nmax = float(1 << (bits - 1));
+  float m = 0, amax = 0;
+  for (int64_t k = 0; k < n; ++k)
+    if (std::fabs(x[k]) > amax) amax = std::fabs(x[k]), m = x[k];
+  BlockParams best;
+  best.scale = min_scale(st);
+  if (!(amax > 0) || !std::isfinite(amax)) {
+    if (!std::isfinite(amax)) best.scale = amax;  // NaN/Inf in the weight: the caller reports it
+    return best;
+  }
+  const float s0 = round_to(st, m / -nmax);
+  best.scale = std::fabs(s0) < min_scale(st) ? std::copysign(min_scale(st), -m) : s0;
+  const float* w = importances(x, n, o.weight);
+  const float step = 0.1f * nmax / 8.0f;  // llama.cpp's 0.1 of 8 levels, the same relative step at 8 bits
+  double fit_best = 0, fit_scale = 0;
+  for (int i = -o.steps; i <= o.steps; ++i) {
+    const float iscale = -(nmax + step * float(i)) / m;
+    double sxl = 0, sll = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const float l = std::clamp(fast_rint(iscale * x[k]), -nmax, nmax - 1.0f);
+      sxl += double(w[k] * x[k] * l);
+      sll += double(w[k] * l * l);
+    }
+    if (sll > 0 && sxl * sxl > fit_best * sll) fit_best = sxl * sxl / sll, fit_scale = sxl / sll;
+  }
+  BlockParams p;
+  p.scale = round_to(st, float(fit_scale));
+  if (!(std::fabs(p.scale) >= min_scale(st))) return best;
+  const double rms = block_rms(x, n);
+  return block_error(x, n, p, bits, false, t, o.weight, rms) < block_error(x, n, best, bits, false, t, o.weight, rms)
+             ? p
+             : best;
+}
+
+// Zero point, 2^b levels over [min(x, 0), max(x, 0)] (0 stays on the grid, as an integer zero point
+// needs). Start from plain min/max RTN. Then, as llama.cpp's make_qkx2_quants: for inverse scales
+// (2^b - 2 + ε_i) / (max - min) round the block from its minimum to l, fit x ≈ s·l + o by weighted
+// least squares (o ≤ 0) and take the candidate with the smallest fitted error; z = clamp(rint(-o / s)),
+// s rounded to the scale type, re-round the block (RTN codes) and keep it if its weighted error is
+// smaller than the start's.
+inline BlockParams lsq_zero_point(const float* x, int64_t n, int bits, DType t, DType st, const RtnSearchOptions& o) {
+  const float maxq = float((1 << bits) - 1);
+  float mn = 0, mx = 0;
+  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
+  const BlockParams start = block_params_zero_point(mn, mx, bits, st);
+  if (!(mx > mn) || !std::isfinite(mx - mn)) return start;
+  const float* w = importances(x, n, o.weight);
+  double sw = 0, sx = 0, sxx = 0;
+  for (int64_t k = 0; k < n; ++k) sw += w[k], sx += double(w[k] * x[k]), sxx += double(w[k] * x[k] * x[k]);
+  const float step = 0.1f * maxq / 15.0f;
+  double fit_err = INFINITY, fit_s = 0, fit_o = 0;
+  for (int i = 0; i <= 2 * o.steps + 2; ++i) {
+    const float iscale = (maxq - 1.0f + step * float(i)) / (mx - mn);
+    double sl = 0, sll = 0, sxl = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const float l = std::clamp(fast_rint(iscale * (x[k] - mn)), 0.0f, maxq);
+      sl += double(w[k] * l), sll += double(w[k] * l * l), sxl += double(w[k] * x[k] * l);
+    }
+    const double D = sw * sll - sl * sl;
+    if (!(D > 0)) continue;
+    double s = (sw * sxl - sx * sl) / D, off = (sll * sx - sl * sxl) / D;
+    if (off > 0) off = 0, s = sxl / sll;
+    // Σ w (x - s·l - o)², expanded
+    const double err = sxx + s * s * sll + off * off * sw - 2 * s * sxl - 2 * off * sx + 2 * s * off * sl;
+    if (s > 0 && err < fit_err) fit_err = err, fit_s = s, fit_o = off;
+  }
+  BlockParams p;
+  p.scale = round_to(st, float(fit_s));
+  if (!(p.scale >= min_scale(st))) return start;
+  p.zero_point = uint8_t(std::clamp(std::nearbyint(float(-fit_o) / p.scale), 0.0f, maxq));
+  const double rms = block_rms(x, n);
+  return block_error(x, n, p, bits, true, t, o.weight, rms) < block_error(x, n, start, bits, true, t, o.weight, rms)
+             ? p
+             : start;
+}
+
+// Half-quadratic quantization of one block (Badri & Shaji 2023; the proximal iterations of mobiusml's
+// optimize_weights_proximal as ONNX Runtime's HQQ quantizer runs them, float32): with the inverse scale
+// fixed at (2^b - 1) / (max - min), the zero point z alternates with the sparse error e of an lp
+// (p < 1) norm: W_q = clamp(rint(x·is + z)), e = shrink_p(x - W_q/is + z/is), z = mean(W_q - (x - e)·is),
+// β *= κ, stopping when the mean |x - Ŵ| stops falling. ONNX zero points are integers, so the result is
+// z rounded (and clamped), the scale 1/is rounded to the scale type; refit_scale then re-fits the scale
+// by least squares on the final codes and keeps it when the block's squared error falls.
+inline BlockParams hqq_block(const float* x, int64_t n, int bits, DType t, DType st, const HqqOptions& o) {
+  const float maxq = float((1 << bits) - 1);
+  float mn = 0, mx = 0;
+  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
+  if (!(mx > mn) || !std::isfinite(mx - mn)) return block_params_zero_point(mn, mx, bits, st);
+  const float is = std::min(maxq / (mx - mn), 2e4f);
+  float z = std::nearbyint(-mn * is), beta = o.beta;
+  float best = 1e4f;
+  for (int it = 0; it < o.iters; ++it) {
+    double zsum = 0, esum = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const float q = std::clamp(std::nearbyint(x[k] * is + z), 0.0f, maxq);
+      const float r = x[k] - (q - z) / is;
+      const float ar = std::fabs(r);
+      const float shrunk = std::max(ar - (1.0f / beta) * std::pow(ar + 1e-8f, o.lp_norm - 1.0f), 0.0f);
+      const float e = std::copysign(shrunk, r);
+      zsum += double(q - (x[k] - e) * is);
+      esum += double(ar);
+    }
+    z = float(zsum / double(n));
+    beta *= o.kappa;
+    const float err = float(esum / double(n));
+    if (err < best) best = err;
+    else break;
+  }
+  BlockParams p;
+  p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
+  p.zero_point = uint8_t(std::clamp(std::nearbyint(z), 0.0f, maxq));
+  if (!o.refit_scale) return p;
+  double sxl = 0, sll = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double l = double(quantize_value(x[k], p, bits, true, t)) - double(p.zero_point);
+    sxl += double(x[k]) * l, sll += l * l;
+  }
+  if (!(sll > 0)) return p;
+  BlockParams r = p;
+  r.scale = round_to(st, float(sxl / sll));
+  if (!(r.scale >= min_scale(st))) return p;
+  const double rms = 0;
+  return block_error(x, n, r, bits, true, t, FitWeight::kUniform, rms) <
+                 block_error(x, n, p, bits, true, t, FitWeight::kUniform, rms)
+             ? r
+             : p;
+}
+
+}  // namespace nibble::kernels::fit

@@ -1,0 +1,75 @@
+#include "kernels/cpu/search_fast.h"
+
+#include <stdexcept>
+
+#include "kernels/cpu/block_fit.h"
+#include "kernels/parallel.h"
+
+namespace nibble::kernels {
+namespace {
+
+constexpr int64_t kChannelsPerPanel = 32;
+
+// Panels of output channels in parallel; within a panel, each block row is gathered for all its
+// channels at once (one pass over contiguous rows of a [K, N] weight), then fitted channel by channel.
+// The error is summed per panel in channel-then-block order and the panels in order, so the total
+// does not depend on the thread count.
+template <class Fit>
+void each_block_parallel(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out, const Fit& fit) {
+  check_spec(spec);
+  const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
+  const bool zp = spec.zero_point;
+  out.groups = G;
+  out.codes.assign(size_t(w.rows * w.cols), 0);
+  out.scales.assign(size_t(G * N), 0.0f);
+  out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
+  const int64_t panels = num_blocks(N, kChannelsPerPanel);
+  std::vector<std::vector<double>> err(static_cast<size_t>(panels));
+  parallel_for(panels, [&](int64_t pi) {
+    const int64_t n0 = pi * kChannelsPerPanel, width = std::min(N, n0 + kChannelsPerPanel) - n0;
+    std::vector<float> buf(static_cast<size_t>(width * bs));
+    std::vector<double>& e = err[size_t(pi)];
+    e.assign(size_t(width * G), 0.0);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t k0 = g * bs, len = std::min(K, k0 + bs) - k0;
+      for (int64_t k = 0; k < len; ++k)
+        for (int64_t j = 0; j < width; ++j) buf[size_t(j * bs + k)] = load_float(w.dtype, w.data, w.index(k0 + k, n0 + j));
+      for (int64_t j = 0; j < width; ++j) {
+        const float* x = buf.data() + j * bs;
+        const BlockParams p = fit(x, len);
+        out.scales[w.param_index(G, g, n0 + j)] = p.scale;
+        if (zp) out.zero_points[w.param_index(G, g, n0 + j)] = p.zero_point;
+        double s = 0;
+        for (int64_t k = 0; k < len; ++k) {
+          const uint8_t c = quantize_value(x[k], p, spec.bits, zp, w.dtype);
+          out.codes[w.index(k0 + k, n0 + j)] = c;
+          const double d = double(x[k]) - double(round_to(w.dtype, dequantize_value(c, p, spec.bits, zp)));
+          s += d * d;
+        }
+        e[size_t(j * G + g)] = s;
+      }
+    }
+  });
+  out.sq_error = 0;
+  for (const auto& e : err)
+    for (double v : e) out.sq_error += v;
+}
+
+}  // namespace
+
+void rtn_lsq_fast(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) {
+  const DType st = scale_type(spec, w.dtype);
+  each_block_parallel(w, spec, out, [&](const float* x, int64_t n) {
+    return spec.zero_point ? fit::lsq_zero_point(x, n, spec.bits, w.dtype, st, opt)
+                           : fit::lsq_symmetric(x, n, spec.bits, w.dtype, st, opt);
+  });
+}
+
+void hqq_fast(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) {
+  if (!spec.zero_point) throw std::invalid_argument("hqq: needs zero points (spec.zero_point)");
+  const DType st = scale_type(spec, w.dtype);
+  each_block_parallel(w, spec, out,
+                      [&](const float* x, int64_t n) { return fit::hqq_block(x, n, spec.bits, w.dtype, st, opt); });
+}
+
+}  // namespace nibble::kernels

@@ -1,0 +1,151 @@
+// The calibration-free per-block searches (rtn_lsq, hqq): the threaded CPU kernels against the scalar
+// references bit for bit (threads 1 and 4), and what each search promises on real-looking weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/block_fit.h"
+#include "kernels/cpu/rtn_ref.h"
+#include "kernels/cpu/search_fast.h"
+#include "kernels/cpu/search_ref.h"
+#include "kernels/parallel.h"
+
+using namespace nibble;
+using namespace nibble::kernels;
+
+namespace {
+
+struct TestWeight {
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  WeightMatrix w;
+};
+
+// Gaussian weights with a few outliers per column (as LLM weights have), stored as k_axis says.
+TestWeight make_weight(DType t, int64_t K, int64_t N, int k_axis, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  TestWeight tw;
+  tw.f32.resize(size_t(K * N));
+  for (auto& v : tw.f32) v = d(rng) * (u(rng) < 0.01f ? 6.0f : 1.0f) + 0.002f;
+  tw.w = WeightMatrix{t, nullptr, k_axis == 0 ? K : N, k_axis == 0 ? N : K, k_axis};
+  if (t == DType::kFloat16) {
+    tw.half.resize(tw.f32.size());
+    for (size_t i = 0; i < tw.f32.size(); ++i) tw.half[i] = float_to_half(tw.f32[i]);
+    tw.w.data = tw.half.data();
+  } else {
+    tw.w.data = tw.f32.data();
+  }
+  return tw;
+}
+
+void expect_same(const QuantResult& a, const QuantResult& b) {
+  EXPECT_EQ(a.codes, b.codes);
+  ASSERT_EQ(a.scales.size(), b.scales.size());
+  for (size_t i = 0; i < a.scales.size(); ++i) ASSERT_EQ(a.scales[i], b.scales[i]) << i;
+  EXPECT_EQ(a.zero_points, b.zero_points);
+  EXPECT_NEAR(a.sq_error, b.sq_error, 1e-12 * a.sq_error);
+}
+
+QuantSpec spec(int bits, int64_t block, bool zp) {
+  QuantSpec s;
+  s.bits = bits, s.block = block, s.zero_point = zp;
+  return s;
+}
+
+}  // namespace
+
+TEST(Search, FastEqualsReferenceBitForBit) {
+  for (DType t : {DType::kFloat32, DType::kFloat16})
+    for (int k_axis : {0, 1})
+      for (int bits : {4, 8})
+        for (bool zp : {false, true})
+          for (int threads : {1, 4}) {
+            set_num_threads(threads);
+            const TestWeight tw = make_weight(t, 200, 70, k_axis, 3);  // 200: a partial last block of 8
+            QuantResult a, b;
+            rtn_lsq_ref(tw.w, spec(bits, 64, zp), RtnSearchOptions{}, a);
+            rtn_lsq_fast(tw.w, spec(bits, 64, zp), RtnSearchOptions{}, b);
+            expect_same(a, b);
+            if (!zp) continue;
+            hqq_ref(tw.w, spec(bits, 64, true), HqqOptions{}, a);
+            hqq_fast(tw.w, spec(bits, 64, true), HqqOptions{}, b);
+            expect_same(a, b);
+          }
+  set_num_threads(0);
+}
+
+// The search starts from 2^b-level RTN (symmetric: ONNX Runtime's grid; zero point: plain min/max) and
+// only moves where the block's error falls: never worse per weight, and clearly better here.
+TEST(Search, LsqNeverWorseThanItsStartAndBeatsModelOptsGrid) {
+  const TestWeight tw = make_weight(DType::kFloat32, 512, 64, 0, 5);
+  for (bool zp : {false, true}) {
+    QuantResult lsq, rtn;
+    rtn_lsq_ref(tw.w, spec(4, 128, zp), RtnSearchOptions{}, lsq);
+    rtn_quantize_ref(tw.w, spec(4, 128, zp), rtn);  // ModelOpt's grid (symmetric: 15 levels)
+    EXPECT_LT(lsq.sq_error, (zp ? 0.95 : 0.8) * rtn.sq_error) << "zp " << zp;
+  }
+  // Per block against the 16-level symmetric start.
+  std::vector<float> x(128);
+  for (int64_t n = 0; n < 64; ++n) {
+    float m = 0;
+    for (int64_t k = 0; k < 128; ++k) {
+      x[size_t(k)] = tw.f32[size_t(k * 64 + n)];
+      if (std::fabs(x[size_t(k)]) > std::fabs(m)) m = x[size_t(k)];
+    }
+    BlockParams start;
+    start.scale = m / -8.0f;
+    const BlockParams got = fit::lsq_symmetric(x.data(), 128, 4, DType::kFloat32, DType::kFloat32, RtnSearchOptions{});
+    EXPECT_LE(fit::block_error(x.data(), 128, got, 4, false, DType::kFloat32, FitWeight::kUniform, 0),
+              fit::block_error(x.data(), 128, start, 4, false, DType::kFloat32, FitWeight::kUniform, 0));
+  }
+}
+
+// The codes are RTN's under the written scale and zero point: re-quantizing reproduces them.
+TEST(Search, CodesAreRtnOfTheWrittenParameters) {
+  const TestWeight tw = make_weight(DType::kFloat16, 256, 16, 1, 9);
+  for (int which = 0; which < 3; ++which) {
+    QuantResult q;
+    if (which == 2) hqq_ref(tw.w, spec(4, 32, true), HqqOptions{}, q);
+    else rtn_lsq_ref(tw.w, spec(4, 32, which == 1), RtnSearchOptions{}, q);
+    const bool zp = which != 0;
+    for (int64_t n = 0; n < 16; ++n)
+      for (int64_t k = 0; k < 256; ++k) {
+        BlockParams p;
+        p.scale = q.scales[tw.w.param_index(q.groups, k / 32, n)];
+        if (zp) p.zero_point = q.zero_points[tw.w.param_index(q.groups, k / 32, n)];
+        const float v = load_float(DType::kFloat16, tw.w.data, tw.w.index(k, n));
+        ASSERT_EQ(q.codes[tw.w.index(k, n)], quantize_value(v, p, 4, zp, DType::kFloat16)) << which << " " << k;
+      }
+  }
+}
+
+// HQQ on a block whose zero point the proximal steps move: the result is an integer zero point in
+// range, its error close to plain min/max RTN's (HQQ minimises an lp norm, not the squared error).
+TEST(Search, HqqZeroPointsInRangeAndErrorNearRtn) {
+  const TestWeight tw = make_weight(DType::kFloat32, 512, 64, 0, 11);
+  QuantResult h, r;
+  hqq_ref(tw.w, spec(4, 128, true), HqqOptions{}, h);
+  rtn_quantize_ref(tw.w, spec(4, 128, true), r);
+  for (uint8_t z : h.zero_points) EXPECT_LE(z, 15);
+  EXPECT_LT(h.sq_error, 1.2 * r.sq_error);
+  QuantSpec sym = spec(4, 128, false);
+  EXPECT_THROW(hqq_ref(tw.w, sym, HqqOptions{}, h), std::invalid_argument);
+}
+
+TEST(Search, ConstantAndZeroBlocks) {
+  std::vector<float> w(64, 0.0f);
+  for (int i = 32; i < 64; ++i) w[size_t(i)] = 0.25f;
+  const WeightMatrix m{DType::kFloat32, w.data(), 64, 1, 0};
+  for (bool zp : {false, true}) {
+    QuantResult q;
+    rtn_lsq_ref(m, spec(4, 32, zp), RtnSearchOptions{}, q);
+    EXPECT_LT(q.sq_error, 1e-12) << zp;  // zeros exact; a constant block lands on a code
+    EXPECT_GT(std::fabs(q.scales[0]), 0.0f);
+  }
+  QuantResult h;
+  hqq_ref(m, spec(4, 32, true), HqqOptions{}, h);
+  EXPECT_LT(h.sq_error, 1e-12);
+}

@@ -15,7 +15,7 @@ from .conftest import folder_digest
 OPS = ["rtn", "rtn_weighted", "rtn_ratios", "rtn_lsq", "hqq", "scale_weight", "scale_weight_f32", "divide_columns",
        "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
        "clip_search_modelopt", "clip_quantize_gram", "gptq", "pack_onnx", "pack_matmulnbits_weight",
-       "matmulnbits_scales", "pack_matmulnbits_zero_points"]
+       "matmulnbits_scales", "pack_matmulnbits_zero_points", "dequantize"]
 
 
 def has_gpu(nibble) -> bool:

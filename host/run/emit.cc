@@ -219,9 +219,10 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
       searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;
     // qdq: QuantizeLinear rounds the stored float weight again. That gives back the codes only from the
-    // weight they were computed from: for GPTQ's codes, and for those of W ⊙ s (AWQ) or of W with divided
-    // columns, the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
-    const bool transformed = searched.gptq || sp || cd != column_divisors.end();
+    // weight they were computed from, by the same arithmetic: for GPTQ's codes, those of W ⊙ s (AWQ) or
+    // of W with divided columns, and the clip search's (an fp16 block's quotient is rounded to fp16, ONNX
+    // Runtime's is not), the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
+    const bool transformed = searched.gptq || sp || cd != column_divisors.end() || o.searches_clip();
     std::vector<uint8_t> qdq_float;
     if (transformed && planned.format == Format::kQdq) qdq_float = backend.dequantize(p.w, p.spec, q, pw.dtype);
     const Format used = rewriter.emit(pw, p.spec, q, &bytes, qdq_float.empty() ? nullptr : &qdq_float);

@@ -142,6 +142,12 @@ inline BlockParams lsq_zero_point(const float* x, int64_t n, int bits, DType t, 
              : start;
 }
 
+// The rtn_lsq search of one block: symmetric, or with a zero point.
+inline BlockParams lsq_block(const float* x, int64_t n, bool zero_point, int bits, DType t, DType st,
+                             const RtnSearchOptions& o) {
+  return zero_point ? lsq_zero_point(x, n, bits, t, st, o) : lsq_symmetric(x, n, bits, t, st, o);
+}
+
 // Half-quadratic quantization of one block (Badri & Shaji 2023; the proximal iterations of mobiusml's
 // optimize_weights_proximal as ONNX Runtime's HQQ quantizer runs them, float32): with the inverse scale
 // fixed at (2^b - 1) / (max - min), the zero point z alternates with the sparse error e of an lp

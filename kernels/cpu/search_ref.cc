@@ -40,8 +40,7 @@ void each_block(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out, 
 void rtn_lsq_ref(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) {
   const DType st = scale_type(spec, w.dtype);
   each_block(w, spec, out, [&](const float* x, int64_t n) {
-    return spec.zero_point ? fit::lsq_zero_point(x, n, spec.bits, w.dtype, st, opt)
-                           : fit::lsq_symmetric(x, n, spec.bits, w.dtype, st, opt);
+    return fit::lsq_block(x, n, spec.zero_point, spec.bits, w.dtype, st, opt);
   });
 }
 

@@ -59,14 +59,54 @@ inline const float* importances(const float* x, int64_t n, FitWeight how) {
   return w.data();
 }
 
+// Sums over kLanes float lanes: loops of this shape vectorize without reassociating flags, and every
+// ISA copy adds the same numbers in the same order.
+constexpr int kLanes = 8;
+
+// Symmetric codes l = clamp(rint(iscale·x), lo, hi) and their weighted least-squares scale
+// s = Σ w·x·l / Σ w·l² (0 when every code is 0).
+inline double lsq_scale_at(const float* x, const float* w, int64_t n, float iscale, float lo, float hi) {
+  float sxl[kLanes] = {}, sll[kLanes] = {};
+  auto add = [&](int64_t k, int j) {
+    const float l = std::clamp(fast_rint(iscale * x[k]), lo, hi);
+    sxl[j] += w[k] * x[k] * l;
+    sll[j] += w[k] * l * l;
+  };
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= n; k0 += kLanes)
+    for (int j = 0; j < kLanes; ++j) add(k0 + j, j);
+  for (int j = 0; k0 + j < n; ++j) add(k0 + j, j);
+  double a = 0, b = 0;
+  for (int j = 0; j < kLanes; ++j) a += sxl[j], b += sll[j];
+  return b > 0 ? a / b : 0.0;
+}
+
+// The weighted squared error of symmetric RTN at scale s in float arithmetic: it ranks the candidates
+// (the dtype's own rounding is left to block_error, which makes the final choice).
+inline double sym_error_at(const float* x, const float* w, int64_t n, float s, float lo, float hi) {
+  float e[kLanes] = {};
+  auto add = [&](int64_t k, int j) {
+    const float d = x[k] - std::clamp(fast_rint(x[k] / s), lo, hi) * s;
+    e[j] += w[k] * d * d;
+  };
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= n; k0 += kLanes)
+    for (int j = 0; j < kLanes; ++j) add(k0 + j, j);
+  for (int j = 0; k0 + j < n; ++j) add(k0 + j, j);
+  double t = 0;
+  for (int j = 0; j < kLanes; ++j) t += e[j];
+  return t;
+}
+
 // Symmetric, 2^b levels. Start from the grid that puts the block's signed extreme m on code -2^(b-1)
-// (s = m / -2^(b-1), ONNX Runtime's RTN). Then, as llama.cpp's make_qx_quants: for inverse scales
-// -(2^(b-1) + δ_i) / m round the block to l, fit s = Σ w·x·l / Σ w·l² (weighted least squares) and
-// take the candidate with the smallest fitted error (largest (Σ w·x·l)² / Σ w·l²). Its scale, rounded
-// to the scale type, re-rounds the block (RTN codes, never worse than l at that scale); it replaces the
-// start only if its weighted error is smaller.
+// (s = m / -2^(b-1), ONNX Runtime's RTN). Candidates, as llama.cpp's make_qx_quants: for inverse
+// scales around -2^(b-1) / m, and (the other sign) around (2^(b-1) - 1) / m, round the block to l and
+// fit s = Σ w·x·l / Σ w·l² (weighted least squares). The candidate whose fitted scale gives the
+// smallest weighted error is tried, then the best so far is refined: re-fit on its codes while the error
+// falls.
+// Every scale is rounded to the scale type and scored by block_error on RTN codes, the codes written.
 inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, DType st, const RtnSearchOptions& o) {
-  const float nmax = float(1 << (bits - 1));
+  const float nmax = float(1 << (bits - 1)), lo = -nmax, hi = nmax - 1.0f;
   float m = 0, amax = 0;
   for (int64_t k = 0; k < n; ++k)
     if (std::fabs(x[k]) > amax) amax = std::fabs(x[k]), m = x[k];
@@ -79,25 +119,32 @@ inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, D
   const float s0 = round_to(st, m / -nmax);
   best.scale = std::fabs(s0) < min_scale(st) ? std::copysign(min_scale(st), -m) : s0;
   const float* w = importances(x, n, o.weight);
-  const float step = 0.1f * nmax / 8.0f;  // llama.cpp's 0.1 of 8 levels, the same relative step at 8 bits
-  double fit_best = 0, fit_scale = 0;
-  for (int i = -o.steps; i <= o.steps; ++i) {
-    const float iscale = -(nmax + step * float(i)) / m;
-    double sxl = 0, sll = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      const float l = std::clamp(fast_rint(iscale * x[k]), -nmax, nmax - 1.0f);
-      sxl += double(w[k] * x[k] * l);
-      sll += double(w[k] * l * l);
-    }
-    if (sll > 0 && sxl * sxl > fit_best * sll) fit_best = sxl * sxl / sll, fit_scale = sxl / sll;
-  }
-  BlockParams p;
-  p.scale = round_to(st, float(fit_scale));
-  if (!(std::fabs(p.scale) >= min_scale(st))) return best;
   const double rms = block_rms(x, n);
-  return block_error(x, n, p, bits, false, t, o.weight, rms) < block_error(x, n, best, bits, false, t, o.weight, rms)
-             ? p
-             : best;
+  double best_err = block_error(x, n, best, bits, false, t, o.weight, rms);
+  auto usable = [&](double sc) { return std::fabs(round_to(st, float(sc))) >= min_scale(st); };
+  const float step = 0.1f * nmax / 8.0f;  // llama.cpp's 0.1 of 8 levels, the same relative step at 8 bits
+  double cand = 0, cand_err = INFINITY;
+  for (const float edge : {-nmax, hi})
+    for (int i = -o.steps; i <= o.steps; ++i) {
+      const float iscale = (edge + std::copysign(step, edge) * float(i)) / m;
+      const double sc = lsq_scale_at(x, w, n, iscale, lo, hi);
+      if (!usable(sc)) continue;
+      const double e = sym_error_at(x, w, n, round_to(st, float(sc)), lo, hi);
+      if (e < cand_err) cand_err = e, cand = sc;
+    }
+  auto consider = [&](double sc) {
+    if (!usable(sc)) return false;
+    BlockParams p;
+    p.scale = round_to(st, float(sc));
+    const double e = block_error(x, n, p, bits, false, t, o.weight, rms);
+    if (!(e < best_err)) return false;
+    best_err = e, best = p;
+    return true;
+  };
+  consider(cand);
+  for (int it = 0; it < 8 && consider(lsq_scale_at(x, w, n, 1.0f / best.scale, lo, hi)); ++it) {
+  }
+  return best;
 }
 
 // Zero point, 2^b levels over [min(x, 0), max(x, 0)] (0 stays on the grid, as an integer zero point

@@ -5,16 +5,18 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
 
   importance of each element: w = rms(block) + |x|  (llama.cpp's k-quant weighting)
   rtn_lsq, symmetric:
-      m = the block's signed extreme (first largest |x|);  start s0 = m / -8
-      for i in -9..9: l = clip(rint(-(8 + 0.1 i) / m · x), -8, 7);  fit = (Σ w·x·l)² / Σ w·l²  (largest
-        wins, first on ties);  s1 = Σ w·x·l / Σ w·l²  (float32)
-      codes = clip(rint(x / s), -8, 7) for s in {s0, s1}; keep s1 if its Σ w·(x - code·s)² is smaller
+      m = the block's signed extreme (first largest |x|);  start s0 = m / -8, best = s0
+      candidates, for edge e in (-8, 7) and i in -9..9: l = clip(rint((e + 0.1·sign(e)·i) / m · x), -8, 7);
+        s = Σ w·x·l / Σ w·l²  (float32);  ranked by Σ w·(x - clip(rint(x / s), -8, 7)·s)²
+      the best-ranked s replaces best if its error is smaller; then, up to 8 times and while it lowers the
+        error, best = the least-squares fit of best's codes  (l = clip(rint(x · (1/best)), -8, 7))
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
       (p = 0.7); z = mean(q - (x - e)·is); β *= 1.01; stop when mean |r| stops falling
       then s = 1 / is, z = clip(rint(z), 0, 15), codes clip(rint(x / s) + z, 0, 15)
 
-Sums are numpy's (pairwise), nibble's sequential in float64, and numpy's float32 power is not libm's
+The candidates' fits and ranks are summed as nibble sums them (float32 lanes, see _lane_sum); the other
+sums are numpy's (pairwise), nibble's sequential in float64, and numpy's float32 power is not libm's
 powf: a near-tie may go the other way in a rare block, which the test bounds.
 """
 from __future__ import annotations
@@ -53,28 +55,59 @@ def _rtn_zp(x, s, z):
     return np.clip(np.rint((x / s[:, None]).astype(f32)) + z[:, None], 0, 15)
 
 
+def _lane_sum(v):
+    """nibble's float32 sums over 8 lanes (element k into lane k % 8, in order), then the lanes in float64."""
+    B, n = v.shape
+    acc = np.zeros((B, 8), dtype=f32)
+    for k0 in range(0, n, 8):
+        acc[:, : min(8, n - k0)] += v[:, k0:k0 + 8]
+    total = np.zeros(B)
+    for j in range(8):
+        total += acc[:, j].astype(np.float64)
+    return total
+
+
+def _lsq_fit(x, w, iscale):
+    """Least-squares scale of the codes clip(rint(iscale · x), -8, 7), 0 where every code is 0."""
+    l = np.clip(np.rint((iscale[:, None] * x).astype(f32)), -8, 7).astype(f32)
+    sxl, sll = _lane_sum(w * x * l), _lane_sum(w * l * l)
+    return np.where(sll > 0, sxl / np.where(sll > 0, sll, 1), 0).astype(f32)
+
+
+def _rank_err(x, w, s):
+    """The float32 error that ranks the candidates (inf where the scale is unusable)."""
+    ok = np.abs(s) >= f32(1e-5)
+    ss = np.where(ok, s, 1).astype(f32)[:, None]
+    d = (x - (np.clip(np.rint((x / ss).astype(f32)), -8, 7) * ss).astype(f32)).astype(f32)
+    return np.where(ok, _lane_sum(w * d * d), np.inf)
+
+
 def lsq_symmetric(x: np.ndarray, steps: int = 9):
     """x [B, bs] float32 -> (scale [B], codes [B, bs] int8)."""
     rows = np.arange(x.shape[0])
     m = x[rows, np.abs(x).argmax(axis=1)]
-    s0 = (m / f32(-8)).astype(f32)
     imp, w = importance(x)
-    best_fit = np.zeros(x.shape[0])
-    fit_s = np.zeros(x.shape[0])
+    usable = lambda s: np.abs(s) >= f32(1e-5)  # noqa: E731
+    err = lambda s: np.where(usable(s), _sq_err(x, _rtn_sym(x, np.where(usable(s), s, 1)), s, imp=imp), np.inf)  # noqa: E731
+    best = (m / f32(-8)).astype(f32)
+    best_err = err(best)
+    cand, cand_err = np.zeros_like(best), np.full(x.shape[0], np.inf)
     step = f32(f32(0.1) * f32(8)) / f32(8)
-    for i in range(-steps, steps + 1):
-        iscale = (-(f32(8) + step * f32(i)) / m).astype(f32)
-        l = np.clip(np.rint((iscale[:, None] * x).astype(f32)), -8, 7).astype(f32)
-        sxl = (w * x * l).astype(np.float64).sum(axis=1)
-        sll = (w * l * l).astype(np.float64).sum(axis=1)
-        better = (sll > 0) & (sxl * sxl > best_fit * sll)
-        safe = np.where(sll > 0, sll, 1)
-        best_fit = np.where(better, sxl * sxl / safe, best_fit)
-        fit_s = np.where(better, sxl / safe, fit_s)
-    s1 = fit_s.astype(f32)
-    c0, c1 = _rtn_sym(x, s0), _rtn_sym(x, np.where(s1 == 0, 1, s1))
-    take = (np.abs(s1) >= f32(1e-5)) & (_sq_err(x, c1, s1, imp=imp) < _sq_err(x, c0, s0, imp=imp))
-    return np.where(take, s1, s0), np.where(take[:, None], c1, c0).astype(np.int8)
+    for edge in (f32(-8), f32(7)):
+        for i in range(-steps, steps + 1):
+            s = _lsq_fit(x, w, ((edge + np.copysign(step, edge) * f32(i)) / m).astype(f32))
+            e = _rank_err(x, w, s)
+            cand, cand_err = np.where(e < cand_err, s, cand), np.minimum(e, cand_err)
+    e = err(cand)
+    take = e < best_err
+    best, best_err = np.where(take, cand, best), np.where(take, e, best_err)
+    active = np.ones(x.shape[0], dtype=bool)
+    for _ in range(8):
+        cand = _lsq_fit(x, w, (f32(1) / best).astype(f32))
+        e = err(cand)
+        active &= e < best_err
+        best, best_err = np.where(active, cand, best), np.where(active, e, best_err)
+    return best, _rtn_sym(x, best).astype(np.int8)
 
 
 def hqq(x: np.ndarray, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 1.01, iters: int = 20):

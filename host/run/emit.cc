@@ -56,12 +56,13 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
 
 // A result of the right sizes and no meaning: what a replayed weight hands the rewriter, whose writer
 // takes the bytes from the stopped run (ModelWriter::begin_replay).
-kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec) {
+kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec, bool float_zp) {
   kernels::QuantResult q;
   q.groups = (pw.K() + spec.block - 1) / spec.block;
   q.codes.assign(size_t(pw.rows * pw.cols), 0);
   q.scales.assign(size_t(q.groups * pw.N()), 1.0f);
-  if (spec.zero_point) q.zero_points.assign(q.scales.size(), 0);
+  if (float_zp) q.zero_points_float.assign(q.scales.size(), 0.0f);
+  else if (spec.zero_point) q.zero_points.assign(q.scales.size(), 0);
   return q;
 }
 
@@ -74,10 +75,17 @@ kernels::RtnSearchOptions rtn_lsq_options() {
   return r;
 }
 
+// HQQ keeps its fractional zero points where the weight is written as MatMulNBits (T1 zero points);
+// ONNX DequantizeLinear (dq, qdq, a Gemm's dq fallback) takes integer ones only.
+bool float_zero_points(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
+  return o.algo == Algo::kHqq && rewriter.format_for(pw) == Format::kMatMulNBits;
+}
+
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
-                              const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
+                              const std::vector<float>* s, Searched& searched, bool float_zp,
+                              kernels::Backend& backend) {
   kernels::QuantResult q;
-  if (searched.replay) return placeholder(pw, p.spec);
+  if (searched.replay) return placeholder(pw, p.spec, float_zp);
   if (searched.gptq) {
     searched.gptq->quantize(pw, p.w, p.spec, s, q);
   } else if (o.searches_clip()) {
@@ -88,7 +96,9 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
     backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
   } else if (o.algo == Algo::kHqq) {
-    backend.hqq(p.w, p.spec, kernels::HqqOptions{}, q);
+    kernels::HqqOptions h;
+    h.float_zero_point = float_zp;
+    backend.hqq(p.w, p.spec, h, q);
   } else if (o.rtn_searches_scale()) {
     backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
   } else if (s && !o.modelopt()) {
@@ -113,6 +123,7 @@ nlohmann::json weight_entry(const PlannedWeight& pw, const kernels::QuantSpec& s
           {"dtype", dtype_name(pw.dtype)}, {"layer", pw.layer},
           {"role", pw.role},           {"bits", pw.bits},
           {"block_size", pw.block},    {"zero_point", spec.zero_point},
+          {"zero_point_type", !q.zero_points_float.empty() ? dtype_name(pw.dtype) : spec.zero_point ? "code" : "none"},
           {"format", name_of(used)},   {"mse", q.sq_error / double(n)},
           {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)}, {"bytes_out", bytes},
           {"seconds", secs}};
@@ -214,7 +225,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     const auto cd = column_divisors.find(pw.weight);
     const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
                                backend);
-    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, backend);
+    const bool float_zp = float_zero_points(o, pw, rewriter);
+    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zp, backend);
     if (searched.on_quantized && !searched.replay)
       searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;

@@ -100,7 +100,7 @@ class Backend {
   // weighted error falls (block_fit.h).
   virtual void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) = 0;
   // HQQ: each block's zero point by the half-quadratic proximal iterations; spec.zero_point must be set.
-  // opt.float_zero_point: the zero points are floats (out.zero_points_float; out.zero_points empty).
+  // opt.float_zero_point: the zero points are floats (out.zero_points_float; see QuantResult).
   virtual void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) = 0;
 
   // ---- Weight scaling (stored layout in and out)

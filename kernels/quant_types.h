@@ -49,9 +49,10 @@ inline int64_t num_blocks(int64_t K, int64_t block) { return (K + block - 1) / b
 struct QuantResult {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
-  std::vector<uint8_t> zero_points;  // empty unless spec.zero_point (and empty with float zero points)
+  std::vector<uint8_t> zero_points;  // empty unless spec.zero_point
   // Fractional zero points (HqqOptions::float_zero_point), laid out as scales and exactly representable
-  // in their type: element k of a block stands for (code - z) * s. Empty otherwise.
+  // in their type: a code c stands for (c - z) * s. Empty otherwise. With them, zero_points hold only
+  // the nearest code to each z (what padding in a packed layout carries), not what the codes used.
   std::vector<float> zero_points_float;
   int64_t groups = 0;                // G = ceil(K / block)
   double sq_error = 0;               // sum over elements of (w - dequant(q))^2

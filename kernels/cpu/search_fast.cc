@@ -37,7 +37,7 @@ void each_block_parallel(const WeightMatrix& w, const QuantSpec& spec, QuantResu
       for (int64_t j = 0; j < width; ++j) {
         const float* x = buf.data() + j * bs;
         const Params p = fit(x, len);
-        fit::store_params(out, w.param_index(G, g, n0 + j), p, zp);
+        fit::store_params(out, w.param_index(G, g, n0 + j), p, zp, spec.bits);
         double s = 0;
         for (int64_t k = 0; k < len; ++k) {
           const uint8_t c = fit::code_of(x[k], p, spec.bits, zp, w.dtype);

@@ -25,7 +25,7 @@ void each_block(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out, 
       const int64_t k0 = g * bs, len = std::min(K, k0 + bs) - k0;
       for (int64_t k = 0; k < len; ++k) v[size_t(k)] = load_float(w.dtype, w.data, w.index(k0 + k, n));
       const Params p = fit(v.data(), len);
-      fit::store_params(out, w.param_index(G, g, n), p, zp);
+      fit::store_params(out, w.param_index(G, g, n), p, zp, spec.bits);
       for (int64_t k = 0; k < len; ++k) {
         const uint8_t c = fit::code_of(v[size_t(k)], p, spec.bits, zp, w.dtype);
         out.codes[w.index(k0 + k, n)] = c;

@@ -282,6 +282,23 @@ bool GraphRewriter::emit_shared_table(const PlannedWeight& table, uint64_t* byte
   return true;
 }
 
+std::string GraphRewriter::add_matmulnbits_zero_points(const PlannedWeight& pw, const kernels::WeightMatrix& shape,
+                                                       const kernels::QuantSpec& spec, const kernels::QuantResult& q) {
+  if (!spec.zero_point) return {};
+  const int64_t N = pw.N(), G = q.groups;
+  const std::string zps = unique_name(pw.weight + "_zero_points");
+  if (!q.zero_points_float.empty()) {  // T1 zero points [N, G], the scales' type: (q - z) * s with a fractional z
+    std::vector<float> z(size_t(N * G));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < G; ++g) z[size_t(n * G + g)] = q.zero_points_float[shape.param_index(G, g, n)];
+    add_initializer(zps, int(pw.dtype), {N, G}, encode_floats(pw.dtype, z));
+  } else {
+    const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
+    add_initializer(zps, int(DType::kUInt8), {N, row}, backend_.pack_matmulnbits_zero_points(shape, spec, q));
+  }
+  return zps;
+}
+
 void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                                      const kernels::QuantResult& q) {
   used_contrib_ = true;
@@ -319,19 +336,8 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
                   backend_.pack_matmulnbits_weight(shape, lspec, *qp, layout_block));
   const std::string scales = unique_name(pw.weight + "_scales");
   add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, backend_.matmulnbits_scales(shape, *qp)));
-  std::string zps;
+  const std::string zps = add_matmulnbits_zero_points(pw, shape, lspec, *qp);
   const bool float_zp = !qp->zero_points_float.empty();
-  if (float_zp) {  // T1 zero points [N, G], the scales' type: (q - z) * s with a fractional z
-    zps = unique_name(pw.weight + "_zero_points");
-    std::vector<float> z(size_t(N * G));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t g = 0; g < G; ++g) z[size_t(n * G + g)] = qp->zero_points_float[shape.param_index(G, g, n)];
-    add_initializer(zps, int(pw.dtype), {N, G}, encode_floats(pw.dtype, z));
-  } else if (spec.zero_point) {
-    zps = unique_name(pw.weight + "_zero_points");
-    const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
-    add_initializer(zps, int(DType::kUInt8), {N, row}, backend_.pack_matmulnbits_zero_points(shape, lspec, *qp));
-  }
   nbits_[pw.weight] = {b, scales, zps, layout_block, G, spec.bits, {}, float_zp};
   if (spec.zero_point && !float_zp && keep_zp_.count(pw.weight)) {
     std::vector<uint8_t>& z = nbits_[pw.weight].zero_points_vg;

@@ -76,6 +76,9 @@ class GraphRewriter {
   // quantize_input: the float initializer QuantizeLinear reads (qdq); empty: the codes are stored (dq).
   void emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
                const std::string& quantize_input);
+  // MatMulNBits' zero points of q (packed codes, or floats of pw's type); its name, empty when none.
+  std::string add_matmulnbits_zero_points(const PlannedWeight& pw, const kernels::WeightMatrix& shape,
+                                          const kernels::QuantSpec& spec, const kernels::QuantResult& q);
   void emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                         const kernels::QuantResult& q);
   void emit_gather_block_quantized(const PlannedWeight& pw, const kernels::QuantSpec& spec,

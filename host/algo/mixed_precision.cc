@@ -200,7 +200,7 @@ uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, F
     const uint64_t Gl = (K + uint64_t(lb) - 1) / uint64_t(lb);
     add(N * Gl * uint64_t(lb) * uint64_t(bits) / 8);
     add(N * Gl * dsz);
-    if (zps == ZeroPoints::kFloat) add(N * Gl * dsz);
+    if (zps == ZeroPoints::kFloat && bits == 4) add(N * Gl * dsz);  // 8 bits: codes (see emit.cc)
     else if (zp) add(N * (bits == 8 ? Gl : (Gl + 1) / 2));
     return total;
   }

@@ -52,7 +52,7 @@ MixedBudget parse_mixed_budget(const std::string& s);
 enum class SizeMode { kPayload, kExpected, kBound };
 uint64_t tensor_output_bytes(uint64_t n, SizeMode mode);
 // A weight's zero points: none, codes (4/8-bit integers), or floats of the weight's type (hqq's in
-// MatMulNBits).
+// MatMulNBits, 4-bit weights only: 8-bit ones keep codes).
 enum class ZeroPoints { kNone, kCodes, kFloat };
 ZeroPoints zero_points_of(const QuantizeOptions& o, Format format);
 // Bytes a weight adds to the output at `bits` (8: per channel) in `format`.

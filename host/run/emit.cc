@@ -75,10 +75,12 @@ kernels::RtnSearchOptions rtn_lsq_options() {
   return r;
 }
 
-// HQQ keeps its fractional zero points where the weight is written as MatMulNBits (T1 zero points);
-// ONNX DequantizeLinear (dq, qdq, a Gemm's dq fallback) takes integer ones only.
+// HQQ keeps its fractional zero points where the weight is written as a 4-bit MatMulNBits (T1 zero
+// points); ONNX DequantizeLinear (dq, qdq, a Gemm's dq fallback) takes integer ones only, and ONNX
+// Runtime's CPU MatMulNBits computes float zero points at 4 bits only ("Only 4b quantization is supported
+// for unpacked compute"), so 8-bit layers keep integer ones.
 bool float_zero_points(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
-  return o.algo == Algo::kHqq && rewriter.format_for(pw) == Format::kMatMulNBits;
+  return o.algo == Algo::kHqq && pw.bits == 4 && rewriter.format_for(pw) == Format::kMatMulNBits;
 }
 
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
@@ -208,6 +210,9 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
                                     : " + " + std::to_string(plan.gathers.size()) + " embedding(s) INT4 block " +
                                           std::to_string(o.gather_block_size),
                name_of(planned.format));
+  if (o.algo == Algo::kHqq && planned.format == Format::kMatMulNBits && n_int8)
+    spdlog::info("--algo hqq: the {} INT8 layers keep integer zero points (ONNX Runtime's MatMulNBits takes float "
+                 "zero points at 4 bits only)", n_int8);
   // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
   e.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());
   std::map<std::string, std::vector<float>> scales, column_divisors;

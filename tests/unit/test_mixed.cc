@@ -118,4 +118,7 @@ TEST(Mixed, WeightOutputBytesCountsFloatZeroPoints) {
   EXPECT_EQ(bytes(ZeroPoints::kNone), packed + scales);
   EXPECT_EQ(bytes(ZeroPoints::kCodes), packed + scales + N * 3);
   EXPECT_EQ(bytes(ZeroPoints::kFloat), packed + scales + N * G * 2);
+  // 8 bits (per channel: 9 blocks of 64, see matmulnbits_layout_block) keep integer zero points.
+  EXPECT_EQ(weight_output_bytes(pw, 8, -1, Format::kMatMulNBits, ZeroPoints::kFloat, SizeMode::kPayload),
+            weight_output_bytes(pw, 8, -1, Format::kMatMulNBits, ZeroPoints::kCodes, SizeMode::kPayload));
 }

@@ -3,7 +3,7 @@
 --use_zero_point and hqq against ONNX Runtime's MatMulNBitsQuantizer RTN (symmetric, asymmetric) and HQQ.
 
     python3 bench/search_side_by_side.py MODEL.onnx --work DIR [--block_size 128] [--windows 8]
-        [--rows nibble_rtn,nibble_rtn_zp,nibble_hqq,ort_sym,ort_asym,ort_hqq] [--json FILE]
+        [--rows nibble_rtn,nibble_rtn_zp,nibble_hqq,nibble_hqq_dq,ort_sym,ort_asym,ort_hqq] [--json FILE]
 
 Each row quantizes (measured by bench/measure.py: wall s, peak RSS of the process tree), one after the
 other, into DIR/<row>/, then `nibble eval --model OUT --reference MODEL --windows W` gives perplexity,
@@ -27,7 +27,8 @@ ORT_PY = os.path.join(ROOT, ".venv-ortq", "bin", "python")
 ROWS = {
     "nibble_rtn": ("nibble", "rtn_dq (new default: 16-level least-squares scale search)", ["--algo", "rtn_dq"]),
     "nibble_rtn_zp": ("nibble", "rtn_dq --use_zero_point", ["--algo", "rtn_dq", "--use_zero_point"]),
-    "nibble_hqq": ("nibble", "hqq", ["--algo", "hqq"]),
+    "nibble_hqq": ("nibble", "hqq --format matmulnbits (float zero points)", ["--algo", "hqq", "--format", "matmulnbits"]),
+    "nibble_hqq_dq": ("nibble", "hqq (dq: integer zero points)", ["--algo", "hqq"]),
     "ort_sym": ("ORT 1.24", "RTN symmetric (MatMulNBits)", ["--symmetric"]),
     "ort_asym": ("ORT 1.24", "RTN asymmetric (MatMulNBits)", []),
     "ort_hqq": ("ORT 1.24", "HQQ (MatMulNBits, float zero points)", ["--algo", "hqq"]),

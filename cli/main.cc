@@ -29,7 +29,8 @@ constexpr const char* kAlgoHelp =
     "ratio search on the calibration data. awq_full: awq_lite then awq_clip. gptq: GPTQ (each channel's rounding error compensated on the channels not "
     "yet quantized, through the inverse of XᵀX from calibration). awq_gptq: awq_lite's scales, then GPTQ on W ⊙ s. rtn_search: round-to-nearest where each block "
     "picks the clip ratio and sign of its scale with the smallest weight error, no calibration. hqq: half-quadratic "
-    "quantization (each block's zero point by proximal lp-norm iterations, no calibration; writes zero points)";
+    "quantization (each block's zero point by proximal lp-norm iterations, no calibration; writes zero points, "
+    "fractional ones in --format matmulnbits)";
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {

@@ -26,6 +26,7 @@ std::string same_quant(const QuantResult& want, const QuantResult& got) {
   if (want.groups != got.groups) return "groups differ";
   for (const std::string& e : {same(want.codes, got.codes, "codes"), same(want.scales, got.scales, "scales"),
                                same(want.zero_points, got.zero_points, "zero points"),
+                               same(want.zero_points_float, got.zero_points_float, "float zero points"),
                                close(want.sq_error, got.sq_error, 1e-12, "sq_error")})
     if (!e.empty()) return e;
   return {};
@@ -121,14 +122,16 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
     return std::string();
   }));
   out.push_back(run("hqq", ref, b, zero_point_only(cs), [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
-    for (bool refit : {false, true}) {
-      HqqOptions opt;
-      opt.refit_scale = refit;
-      QuantResult a, x;
-      r.hqq(w.m, c.spec(), opt, a);
-      g.hqq(w.m, c.spec(), opt, x);
-      if (auto e = same_quant(a, x); !e.empty()) return e;
-    }
+    for (bool float_zp : {false, true})
+      for (bool refit : {false, true}) {
+        HqqOptions opt;
+        opt.refit_scale = refit;
+        opt.float_zero_point = float_zp;
+        QuantResult a, x;
+        r.hqq(w.m, c.spec(), opt, a);
+        g.hqq(w.m, c.spec(), opt, x);
+        if (auto e = same_quant(a, x); !e.empty()) return e;
+      }
     return std::string();
   }));
   using Scale = std::vector<uint8_t> (Backend::*)(const WeightMatrix&, const float*);

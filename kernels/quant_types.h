@@ -50,6 +50,10 @@ struct QuantResult {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
   std::vector<uint8_t> zero_points;  // empty unless spec.zero_point
+  // Fractional zero points (HqqOptions::float_zero_point), laid out as scales and exactly representable
+  // in their type: a code c stands for (c - z) * s. Empty otherwise. With them, zero_points hold only
+  // the nearest code to each z (what padding in a packed layout carries), not what the codes used.
+  std::vector<float> zero_points_float;
   int64_t groups = 0;                // G = ceil(K / block)
   double sq_error = 0;               // sum over elements of (w - dequant(q))^2
 };

@@ -176,8 +176,14 @@ MixedBudget parse_mixed_budget(const std::string& s) {
   return b;
 }
 
-uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, bool zp,
+ZeroPoints zero_points_of(const QuantizeOptions& o, Format format) {
+  if (!o.zero_point()) return ZeroPoints::kNone;
+  return o.algo == Algo::kHqq && format == Format::kMatMulNBits ? ZeroPoints::kFloat : ZeroPoints::kCodes;
+}
+
+uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, ZeroPoints zps,
                              SizeMode mode) {
+  const bool zp = zps != ZeroPoints::kNone;
   const uint64_t K = uint64_t(pw.K()), N = uint64_t(pw.N()), el = K * N;
   const uint64_t dsz = dtype_size(pw.dtype);
   const bool per_channel = bits == 8 || block < 0;
@@ -194,7 +200,8 @@ uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, F
     const uint64_t Gl = (K + uint64_t(lb) - 1) / uint64_t(lb);
     add(N * Gl * uint64_t(lb) * uint64_t(bits) / 8);
     add(N * Gl * dsz);
-    if (zp) add(N * (bits == 8 ? Gl : (Gl + 1) / 2));
+    if (zps == ZeroPoints::kFloat && bits == 4) add(N * Gl * dsz);  // 8 bits: codes (see emit.cc)
+    else if (zp) add(N * (bits == 8 ? Gl : (Gl + 1) / 2));
     return total;
   }
   if (format == Format::kQdq) add(el * dsz);  // the float weight stays
@@ -287,7 +294,7 @@ struct Sizes {
   uint64_t all4 = 0, fixed_payload = 0, elems = 0;
 };
 
-Sizes weight_sizes(const OnnxModel& model, const Plan& plan, Format format, bool zp, SizeMode mode) {
+Sizes weight_sizes(const OnnxModel& model, const Plan& plan, Format format, ZeroPoints zp, SizeMode mode) {
   Sizes z;
   uint64_t fixed = uint64_t(model.proto().ByteSizeLong());
   z.fixed_payload = fixed;
@@ -392,7 +399,7 @@ void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, c
   std::vector<double> e4, e8;
   measure_errors(model, plan, calib, o, backend, choices, &e4, &e8);
   const SizeMode mode = o.mixed_budget.empty() ? SizeMode::kExpected : SizeMode::kBound;
-  const Sizes z = weight_sizes(model, plan, format, o.zero_point(), mode);
+  const Sizes z = weight_sizes(model, plan, format, zero_points_of(o, format), mode);
   // The budget: a share of the elements, an output size, or (default) the size of ModelOpt's choice.
   std::string budget_desc = o.mixed_budget;
   const MixedBudget budget = o.mixed_budget.empty() ? modelopt_choice_budget(model, plan, z, &budget_desc)

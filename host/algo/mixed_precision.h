@@ -51,8 +51,12 @@ MixedBudget parse_mixed_budget(const std::string& s);
 // bytes: 2048 on average), or with its upper bound (4095), which an explicit size budget uses.
 enum class SizeMode { kPayload, kExpected, kBound };
 uint64_t tensor_output_bytes(uint64_t n, SizeMode mode);
+// A weight's zero points: none, codes (4/8-bit integers), or floats of the weight's type (hqq's in
+// MatMulNBits, 4-bit weights only: 8-bit ones keep codes).
+enum class ZeroPoints { kNone, kCodes, kFloat };
+ZeroPoints zero_points_of(const QuantizeOptions& o, Format format);
 // Bytes a weight adds to the output at `bits` (8: per channel) in `format`.
-uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, bool zero_point,
+uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, ZeroPoints zp,
                              SizeMode mode);
 
 // What the report says about each weight, and the summary.

@@ -98,15 +98,20 @@ bool GraphRewriter::gemm_fits_matmulnbits(const onnx::NodeProto& n, int64_t N) c
   return it != initializers_.end() && it->second->dims_size() == 1 && it->second->dims(0) == N;
 }
 
+Format GraphRewriter::format_for(const PlannedWeight& pw) const {
+  if (format_ == Format::kMatMulNBits && pw.op_type != "Gather")
+    for (int i : pw.nodes)
+      if (!gemm_fits_matmulnbits(model_.graph().node(i), pw.N())) return Format::kDq;
+  return format_;
+}
+
 Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                            const kernels::QuantResult& q, uint64_t* bytes_out,
                            const std::vector<uint8_t>* qdq_float) {
   const uint64_t before = bytes_;
-  Format used = format_;
-  if (format_ == Format::kMatMulNBits && pw.op_type != "Gather") {
-    for (int i : pw.nodes)
-      if (!gemm_fits_matmulnbits(model_.graph().node(i), pw.N())) used = Format::kDq;
-  }
+  const Format used = format_for(pw);
+  if (used != Format::kMatMulNBits && !q.zero_points_float.empty())
+    throw Error("internal: '" + pw.weight + "' has float zero points, which only MatMulNBits carries");
   std::string quantize_input;
   if (used == Format::kQdq && qdq_float) {
     quantize_input = unique_name(pw.weight + "_dequantized");
@@ -245,6 +250,8 @@ bool GraphRewriter::emit_shared_table(const PlannedWeight& table, uint64_t* byte
   if (table.k_axis != 1) *why = "the table is quantized along axis 0, MatMulNBits along H";
   else if (table.cols % t.block != 0)
     *why = "H = " + std::to_string(table.cols) + " is not a multiple of the block " + std::to_string(t.block);
+  if (why->empty() && t.float_zero_points)
+    *why = "its zero points are floats (hqq), GatherBlockQuantized takes integer ones";
   const bool own_zp = !t.zero_points.empty() && t.bits == 4 && t.groups % 2 != 0;
   if (why->empty() && own_zp && t.zero_points_vg.empty()) *why = "internal: its zero points were not kept";
   if (!why->empty()) return false;
@@ -275,6 +282,23 @@ bool GraphRewriter::emit_shared_table(const PlannedWeight& table, uint64_t* byte
   return true;
 }
 
+std::string GraphRewriter::add_matmulnbits_zero_points(const PlannedWeight& pw, const kernels::WeightMatrix& shape,
+                                                       const kernels::QuantSpec& spec, const kernels::QuantResult& q) {
+  if (!spec.zero_point) return {};
+  const int64_t N = pw.N(), G = q.groups;
+  const std::string zps = unique_name(pw.weight + "_zero_points");
+  if (!q.zero_points_float.empty()) {  // T1 zero points [N, G], the scales' type: (q - z) * s with a fractional z
+    std::vector<float> z(size_t(N * G));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < G; ++g) z[size_t(n * G + g)] = q.zero_points_float[shape.param_index(G, g, n)];
+    add_initializer(zps, int(pw.dtype), {N, G}, encode_floats(pw.dtype, z));
+  } else {
+    const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
+    add_initializer(zps, int(DType::kUInt8), {N, row}, backend_.pack_matmulnbits_zero_points(shape, spec, q));
+  }
+  return zps;
+}
+
 void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                                      const kernels::QuantResult& q) {
   used_contrib_ = true;
@@ -294,12 +318,14 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
     rep.codes = q.codes;
     rep.groups = Gl;
     rep.scales.resize(size_t(Gl * N));
-    if (spec.zero_point) rep.zero_points.resize(size_t(Gl * N));
+    rep.zero_points.resize(q.zero_points.empty() ? 0 : size_t(Gl * N));
+    rep.zero_points_float.resize(q.zero_points_float.empty() ? 0 : size_t(Gl * N));
     for (int64_t g = 0; g < Gl; ++g)
       for (int64_t n = 0; n < N; ++n) {
         const size_t i = shape.param_index(Gl, g, n);
         rep.scales[i] = q.scales[size_t(n)];
-        if (spec.zero_point) rep.zero_points[i] = q.zero_points[size_t(n)];
+        if (!rep.zero_points.empty()) rep.zero_points[i] = q.zero_points[size_t(n)];
+        if (!rep.zero_points_float.empty()) rep.zero_points_float[i] = q.zero_points_float[size_t(n)];
       }
     lspec.block = layout_block;
     qp = &rep;
@@ -310,14 +336,10 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
                   backend_.pack_matmulnbits_weight(shape, lspec, *qp, layout_block));
   const std::string scales = unique_name(pw.weight + "_scales");
   add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, backend_.matmulnbits_scales(shape, *qp)));
-  std::string zps;
-  if (spec.zero_point) {
-    zps = unique_name(pw.weight + "_zero_points");
-    const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
-    add_initializer(zps, int(DType::kUInt8), {N, row}, backend_.pack_matmulnbits_zero_points(shape, lspec, *qp));
-  }
-  nbits_[pw.weight] = {b, scales, zps, layout_block, G, spec.bits, {}};
-  if (spec.zero_point && keep_zp_.count(pw.weight)) {
+  const std::string zps = add_matmulnbits_zero_points(pw, shape, lspec, *qp);
+  const bool float_zp = !qp->zero_points_float.empty();
+  nbits_[pw.weight] = {b, scales, zps, layout_block, G, spec.bits, {}, float_zp};
+  if (spec.zero_point && !float_zp && keep_zp_.count(pw.weight)) {
     std::vector<uint8_t>& z = nbits_[pw.weight].zero_points_vg;
     z.resize(size_t(N * G));
     for (int64_t n = 0; n < N; ++n)

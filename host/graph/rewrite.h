@@ -35,6 +35,8 @@ class GraphRewriter {
   // rounding of the original weight gives), stored as a new initializer of pw's dtype and shape.
   Format emit(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
               uint64_t* bytes_out, const std::vector<uint8_t>* qdq_float = nullptr);
+  // The format emit will use for pw (before quantizing it: float zero points need MatMulNBits).
+  Format format_for(const PlannedWeight& pw) const;
 
   // An embedding table tied to a weight already emitted as MatMulNBits: its Gathers become
   // GatherBlockQuantized reading that weight's B (through a Reshape to [V, H * bits / 8]), scales
@@ -74,6 +76,9 @@ class GraphRewriter {
   // quantize_input: the float initializer QuantizeLinear reads (qdq); empty: the codes are stored (dq).
   void emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
                const std::string& quantize_input);
+  // MatMulNBits' zero points of q (packed codes, or floats of pw's type); its name, empty when none.
+  std::string add_matmulnbits_zero_points(const PlannedWeight& pw, const kernels::WeightMatrix& shape,
+                                          const kernels::QuantSpec& spec, const kernels::QuantResult& q);
   void emit_matmulnbits(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                         const kernels::QuantResult& q);
   void emit_gather_block_quantized(const PlannedWeight& pw, const kernels::QuantSpec& spec,
@@ -97,6 +102,7 @@ class GraphRewriter {
     int64_t block = 0, groups = 0;
     int bits = 4;
     std::vector<uint8_t> zero_points_vg;  // [N, G] codes, kept for keep_zero_points_of weights
+    bool float_zero_points = false;
   };
   std::set<std::string> keep_zp_;
   std::map<std::string, NBitsTensors> nbits_;

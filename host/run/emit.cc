@@ -56,12 +56,13 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
 
 // A result of the right sizes and no meaning: what a replayed weight hands the rewriter, whose writer
 // takes the bytes from the stopped run (ModelWriter::begin_replay).
-kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec) {
+kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec, bool float_zp) {
   kernels::QuantResult q;
   q.groups = (pw.K() + spec.block - 1) / spec.block;
   q.codes.assign(size_t(pw.rows * pw.cols), 0);
   q.scales.assign(size_t(q.groups * pw.N()), 1.0f);
-  if (spec.zero_point) q.zero_points.assign(q.scales.size(), 0);
+  if (float_zp) q.zero_points_float.assign(q.scales.size(), 0.0f);
+  else if (spec.zero_point) q.zero_points.assign(q.scales.size(), 0);
   return q;
 }
 
@@ -74,10 +75,19 @@ kernels::RtnSearchOptions rtn_lsq_options() {
   return r;
 }
 
+// HQQ keeps its fractional zero points where the weight is written as a 4-bit MatMulNBits (T1 zero
+// points); ONNX DequantizeLinear (dq, qdq, a Gemm's dq fallback) takes integer ones only, and ONNX
+// Runtime's CPU MatMulNBits computes float zero points at 4 bits only ("Only 4b quantization is supported
+// for unpacked compute"), so 8-bit layers keep integer ones.
+bool float_zero_points(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
+  return o.algo == Algo::kHqq && pw.bits == 4 && rewriter.format_for(pw) == Format::kMatMulNBits;
+}
+
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
-                              const std::vector<float>* s, Searched& searched, kernels::Backend& backend) {
+                              const std::vector<float>* s, Searched& searched, bool float_zp,
+                              kernels::Backend& backend) {
   kernels::QuantResult q;
-  if (searched.replay) return placeholder(pw, p.spec);
+  if (searched.replay) return placeholder(pw, p.spec, float_zp);
   if (searched.gptq) {
     searched.gptq->quantize(pw, p.w, p.spec, s, q);
   } else if (o.searches_clip()) {
@@ -88,7 +98,9 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
     backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
   } else if (o.algo == Algo::kHqq) {
-    backend.hqq(p.w, p.spec, kernels::HqqOptions{}, q);
+    kernels::HqqOptions h;
+    h.float_zero_point = float_zp;
+    backend.hqq(p.w, p.spec, h, q);
   } else if (o.rtn_searches_scale()) {
     backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
   } else if (s && !o.modelopt()) {
@@ -113,6 +125,7 @@ nlohmann::json weight_entry(const PlannedWeight& pw, const kernels::QuantSpec& s
           {"dtype", dtype_name(pw.dtype)}, {"layer", pw.layer},
           {"role", pw.role},           {"bits", pw.bits},
           {"block_size", pw.block},    {"zero_point", spec.zero_point},
+          {"zero_point_type", !q.zero_points_float.empty() ? dtype_name(pw.dtype) : spec.zero_point ? "code" : "none"},
           {"format", name_of(used)},   {"mse", q.sq_error / double(n)},
           {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)}, {"bytes_out", bytes},
           {"seconds", secs}};
@@ -197,6 +210,9 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
                                     : " + " + std::to_string(plan.gathers.size()) + " embedding(s) INT4 block " +
                                           std::to_string(o.gather_block_size),
                name_of(planned.format));
+  if (o.algo == Algo::kHqq && planned.format == Format::kMatMulNBits && n_int8)
+    spdlog::info("--algo hqq: the {} INT8 layers keep integer zero points (ONNX Runtime's MatMulNBits takes float "
+                 "zero points at 4 bits only)", n_int8);
   // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
   e.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());
   std::map<std::string, std::vector<float>> scales, column_divisors;
@@ -214,7 +230,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     const auto cd = column_divisors.find(pw.weight);
     const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
                                backend);
-    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, backend);
+    const bool float_zp = float_zero_points(o, pw, rewriter);
+    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zp, backend);
     if (searched.on_quantized && !searched.replay)
       searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;

@@ -32,6 +32,10 @@ void warn_inert_flags(const QuantizeOptions& o) {
   if (o.algo == Algo::kHqq && !o.use_zero_point)
     spdlog::info("--algo hqq: writes UINT4/UINT8 codes with zero points (HQQ fits the zero point), as with "
                  "--use_zero_point");
+  if (o.algo == Algo::kHqq && o.resolved_format() != Format::kMatMulNBits)
+    spdlog::info("--algo hqq --format {}: zero points rounded to integers (DequantizeLinear takes integer ones "
+                 "only); --format matmulnbits keeps HQQ's fractional zero points, more accurate",
+                 name_of(o.resolved_format()));
   if (!o.uses_gptq() && o.gptq_act_order)
     spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
   if (!lite && !clip && !o.uses_gptq() && !mixed_needs_calibration(o))

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -195,21 +196,19 @@ inline BlockParams lsq_block(const float* x, int64_t n, bool zero_point, int bit
   return zero_point ? lsq_zero_point(x, n, bits, t, st, o) : lsq_symmetric(x, n, bits, t, st, o);
 }
 
-// Half-quadratic quantization of one block (Badri & Shaji 2023; the proximal iterations of mobiusml's
+// Half-quadratic quantization (Badri & Shaji 2023; the proximal iterations of mobiusml's
 // optimize_weights_proximal as ONNX Runtime's HQQ quantizer runs them, float32): with the inverse scale
-// fixed at (2^b - 1) / (max - min), the zero point z alternates with the sparse error e of an lp
+// fixed at is = (2^b - 1) / (max - min), the zero point z alternates with the sparse error e of an lp
 // (p < 1) norm: W_q = clamp(rint(x·is + z)), e = shrink_p(x - W_q/is + z/is), z = mean(W_q - (x - e)·is),
-// β *= κ, stopping when the mean |x - Ŵ| stops falling. ONNX zero points are integers, so the result is
-// z rounded (and clamped), the scale 1/is rounded to the scale type; refit_scale then re-fits the scale
-// by least squares on the final codes and keeps it when the block's squared error falls.
-inline BlockParams hqq_block(const float* x, int64_t n, int bits, DType t, DType st, const HqqOptions& o) {
+// β *= κ, stopping when the mean |x - Ŵ| stops falling. [mn, mx] is the block's range; z starts at
+// rint(-mn·is). Returns the last update of z (ONNX Runtime's, computed from the iteration that did not
+// improve), or with keep_best the z of the smallest mean |x - Ŵ| seen; sets *is_out.
+inline float hqq_zero(const float* x, int64_t n, float mn, float mx, int bits, const HqqOptions& o, bool keep_best,
+                      float* is_out) {
   const float maxq = float((1 << bits) - 1);
-  float mn = 0, mx = 0;
-  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
-  if (!(mx > mn) || !std::isfinite(mx - mn)) return block_params_zero_point(mn, mx, bits, st);
-  const float is = std::min(maxq / (mx - mn), 2e4f);
+  const float is = std::min(maxq / (mx > mn ? mx - mn : maxq), 2e4f);
   float z = std::nearbyint(-mn * is), beta = o.beta;
-  float best = 1e4f;
+  float best = 1e4f, zbest = z;
   for (int it = 0; it < o.iters; ++it) {
     double zsum = 0, esum = 0;
     for (int64_t k = 0; k < n; ++k) {
@@ -221,12 +220,32 @@ inline BlockParams hqq_block(const float* x, int64_t n, int bits, DType t, DType
       zsum += double(q - (x[k] - e) * is);
       esum += double(ar);
     }
-    z = float(zsum / double(n));
+    const float znew = float(zsum / double(n));
     beta *= o.kappa;
     const float err = float(esum / double(n));
-    if (err < best) best = err;
-    else break;
+    if (err < best) {
+      best = err, zbest = z, z = znew;
+    } else {
+      z = znew;
+      break;
+    }
   }
+  if (keep_best) z = zbest;
+  *is_out = is;
+  return z;
+}
+
+// HQQ with an integer zero point (what ONNX DequantizeLinear needs): the range includes 0 so that
+// rint(z) stays on the grid, z is rounded and clamped, the scale 1/is rounded to the scale type;
+// refit_scale then re-fits the scale by least squares on the final codes and keeps it when the block's
+// squared error falls.
+inline BlockParams hqq_block(const float* x, int64_t n, int bits, DType t, DType st, const HqqOptions& o) {
+  const float maxq = float((1 << bits) - 1);
+  float mn = 0, mx = 0;
+  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
+  if (!(mx > mn) || !std::isfinite(mx - mn)) return block_params_zero_point(mn, mx, bits, st);
+  float is = 0;
+  const float z = hqq_zero(x, n, mn, mx, bits, o, false, &is);
   BlockParams p;
   p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
   p.zero_point = uint8_t(std::clamp(std::nearbyint(z), 0.0f, maxq));
@@ -245,6 +264,100 @@ inline BlockParams hqq_block(const float* x, int64_t n, int bits, DType t, DType
                  block_error(x, n, p, bits, true, t, FitWeight::kUniform, rms)
              ? r
              : p;
+}
+
+// A block with a fractional zero point (com.microsoft.MatMulNBits' float zero points): ŵ = (q - z)·s.
+struct FloatZeroParams {
+  float scale = 1.0f;
+  float zero = 0.0f;
+};
+
+// The nearest code to x under p: clamp(rint(x / s + z)), in float32 (no QuantizeLinear re-derives it).
+inline uint8_t quantize_float_zero(float x, const FloatZeroParams& p, int bits) {
+  return uint8_t(std::clamp(std::nearbyint(x / p.scale + p.zero), 0.0f, float((1 << bits) - 1)));
+}
+
+inline float dequantize_float_zero(uint8_t code, const FloatZeroParams& p) { return (float(code) - p.zero) * p.scale; }
+
+inline double float_zero_error(const float* x, int64_t n, const FloatZeroParams& p, int bits, DType t) {
+  double e = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double d = double(x[k]) - double(round_to(t, dequantize_float_zero(quantize_float_zero(x[k], p, bits), p)));
+    e += d * d;
+  }
+  return e;
+}
+
+// Least squares x ≈ s·q + c on the codes of p (then z = -c / s), both rounded to the scale type; p when
+// the fit is degenerate or does not lower the block's squared error.
+inline FloatZeroParams refit_float_zero(const float* x, int64_t n, const FloatZeroParams& p, int bits, DType t,
+                                        DType st) {
+  double sq = 0, sqq = 0, sx = 0, sxq = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double q = double(quantize_float_zero(x[k], p, bits));
+    sq += q, sqq += q * q, sx += double(x[k]), sxq += double(x[k]) * q;
+  }
+  const double D = double(n) * sqq - sq * sq;
+  if (!(D > 0)) return p;
+  const double s = (double(n) * sxq - sq * sx) / D, c = (sx - s * sq) / double(n);
+  FloatZeroParams r;
+  r.scale = round_to(st, float(s));
+  if (!(r.scale >= min_scale(st))) return p;
+  r.zero = round_to(st, float(-c / double(r.scale)));
+  if (!std::isfinite(r.zero)) return p;
+  return float_zero_error(x, n, r, bits, t) < float_zero_error(x, n, p, bits, t) ? r : p;
+}
+
+// HQQ with the fractional zero point kept, as ONNX Runtime's HQQ writes it: the block's own [min, max]
+// (0 need not be on the grid), s = 1/is and z rounded to the scale type (the type MatMulNBits stores
+// them in), so the codes computed from them are what MatMulNBits dequantizes. Unlike ONNX Runtime, z is
+// the best iterate, not the one after it (SmolLM2-135M: KL 0.339 against 0.341 fp32, 0.342 against
+// 0.348 fp16). refit_scale refits s and z jointly by least squares on the final codes, kept when the
+// block's squared error falls (lower weight error, but a worse perplexity there: off by default).
+inline FloatZeroParams hqq_block_float(const float* x, int64_t n, int bits, DType t, DType st, const HqqOptions& o) {
+  float mn = n ? x[0] : 0.0f, mx = mn;
+  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
+  FloatZeroParams p;
+  if (!std::isfinite(mx - mn)) {
+    p.scale = mx - mn;  // NaN/Inf in the weight: the caller reports it
+    return p;
+  }
+  if (!(mx > mn)) {  // a constant block: min/max RTN over [min(c, 0), max(c, 0)] puts c on a level
+    const BlockParams b = block_params_zero_point(std::min(mn, 0.0f), std::max(mx, 0.0f), bits, st);
+    p.scale = b.scale, p.zero = float(b.zero_point);
+    return p;
+  }
+  float is = 0;
+  const float z = hqq_zero(x, n, mn, mx, bits, o, true, &is);
+  p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
+  p.zero = round_to(st, z);
+  return o.refit_scale ? refit_float_zero(x, n, p, bits, t, st) : p;
+}
+
+// What the per-block drivers (search_ref.cc, search_fast.cc) do with a block's parameters, for either
+// kind: its codes, the value a code stands for, and where the parameters go in the result.
+inline uint8_t code_of(float x, const BlockParams& p, int bits, bool zp, DType t) {
+  return quantize_value(x, p, bits, zp, t);
+}
+inline uint8_t code_of(float x, const FloatZeroParams& p, int bits, bool, DType) { return quantize_float_zero(x, p, bits); }
+inline float value_of(uint8_t c, const BlockParams& p, int bits, bool zp) { return dequantize_value(c, p, bits, zp); }
+inline float value_of(uint8_t c, const FloatZeroParams& p, int, bool) { return dequantize_float_zero(c, p); }
+inline void store_params(QuantResult& out, size_t i, const BlockParams& p, bool zp, int) {
+  out.scales[i] = p.scale;
+  if (zp) out.zero_points[i] = p.zero_point;
+}
+inline void store_params(QuantResult& out, size_t i, const FloatZeroParams& p, bool, int bits) {
+  out.scales[i] = p.scale;
+  out.zero_points_float[i] = p.zero;
+  out.zero_points[i] = uint8_t(std::clamp(std::nearbyint(p.zero), 0.0f, float((1 << bits) - 1)));
+}
+// Sizes the result's parameter arrays for G x N blocks of parameters P.
+template <class P>
+void size_params(QuantResult& out, int64_t GN, bool zp) {
+  constexpr bool kFloat = std::is_same_v<P, FloatZeroParams>;  // zero_points then hold rint(z), clamped
+  out.scales.assign(size_t(GN), 0.0f);
+  out.zero_points.assign(zp ? size_t(GN) : 0, 0);
+  out.zero_points_float.assign(kFloat ? size_t(GN) : 0, 0.0f);
 }
 
 }  // namespace nibble::kernels::fit

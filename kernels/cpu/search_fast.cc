@@ -21,8 +21,8 @@ void each_block_parallel(const WeightMatrix& w, const QuantSpec& spec, QuantResu
   const bool zp = spec.zero_point;
   out.groups = G;
   out.codes.assign(size_t(w.rows * w.cols), 0);
-  out.scales.assign(size_t(G * N), 0.0f);
-  out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
+  using Params = decltype(fit(static_cast<const float*>(nullptr), int64_t(0)));
+  fit::size_params<Params>(out, G * N, zp);
   const int64_t panels = num_blocks(N, kChannelsPerPanel);
   std::vector<std::vector<double>> err(static_cast<size_t>(panels));
   parallel_for(panels, [&](int64_t pi) {
@@ -36,14 +36,13 @@ void each_block_parallel(const WeightMatrix& w, const QuantSpec& spec, QuantResu
         for (int64_t j = 0; j < width; ++j) buf[size_t(j * bs + k)] = load_float(w.dtype, w.data, w.index(k0 + k, n0 + j));
       for (int64_t j = 0; j < width; ++j) {
         const float* x = buf.data() + j * bs;
-        const BlockParams p = fit(x, len);
-        out.scales[w.param_index(G, g, n0 + j)] = p.scale;
-        if (zp) out.zero_points[w.param_index(G, g, n0 + j)] = p.zero_point;
+        const Params p = fit(x, len);
+        fit::store_params(out, w.param_index(G, g, n0 + j), p, zp, spec.bits);
         double s = 0;
         for (int64_t k = 0; k < len; ++k) {
-          const uint8_t c = quantize_value(x[k], p, spec.bits, zp, w.dtype);
+          const uint8_t c = fit::code_of(x[k], p, spec.bits, zp, w.dtype);
           out.codes[w.index(k0 + k, n0 + j)] = c;
-          const double d = double(x[k]) - double(round_to(w.dtype, dequantize_value(c, p, spec.bits, zp)));
+          const double d = double(x[k]) - double(round_to(w.dtype, fit::value_of(c, p, spec.bits, zp)));
           s += d * d;
         }
         e[size_t(j * G + g)] = s;
@@ -67,8 +66,14 @@ void rtn_lsq_fast(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchO
 void hqq_fast(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) {
   if (!spec.zero_point) throw std::invalid_argument("hqq: needs zero points (spec.zero_point)");
   const DType st = scale_type(spec, w.dtype);
-  each_block_parallel(w, spec, out,
-                      [&](const float* x, int64_t n) { return fit::hqq_block(x, n, spec.bits, w.dtype, st, opt); });
+  if (opt.float_zero_point)
+    each_block_parallel(w, spec, out, [&](const float* x, int64_t n) {
+      return fit::hqq_block_float(x, n, spec.bits, w.dtype, st, opt);
+    });
+  else
+    each_block_parallel(w, spec, out, [&](const float* x, int64_t n) {
+      return fit::hqq_block(x, n, spec.bits, w.dtype, st, opt);
+    });
 }
 
 }  // namespace nibble::kernels

@@ -14,6 +14,10 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
       (p = 0.7); z = mean(q - (x - e)·is); β *= 1.01; stop when mean |r| stops falling
       then s = 1 / is, z = clip(rint(z), 0, 15), codes clip(rint(x / s) + z, 0, 15)
+  hqq with float zero points (MatMulNBits): the block's own [min, max] (0 need not be in it), the same
+      iterations, z = the iterate with the smallest mean |r| (not the update after it); s = 1 / is and z
+      rounded to the model's float type T; codes clip(rint(x / s + z), 0, 15) in float32 from those
+      rounded values; the weight is (codes - z) · s
 
 The candidates' fits and ranks are summed as nibble sums them (float32 lanes, see _lane_sum); the other
 sums are numpy's (pairwise), nibble's sequential in float64, and numpy's float32 power is not libm's
@@ -108,6 +112,47 @@ def lsq_symmetric(x: np.ndarray, steps: int = 9):
         active &= e < best_err
         best, best_err = np.where(active, cand, best), np.where(active, e, best_err)
     return best, _rtn_sym(x, best).astype(np.int8)
+
+
+def _hqq_z(v, mn, mx, lp_norm, beta, kappa, iters, keep_best):
+    """The proximal iterations of one block: (is, z)."""
+    n = v.size
+    is_ = f32(min(f32(f32(15) / f32(mx - mn)), f32(2e4)))
+    z, bt, best = f32(np.rint(f32(-mn * is_))), f32(beta), f32(1e4)
+    z_best = z
+    for _ in range(iters):
+        q = np.clip(np.rint((v * is_ + z).astype(f32)), 0, 15).astype(f32)
+        r = (v - ((q - z) / is_).astype(f32)).astype(f32)
+        ar = np.abs(r)
+        shr = np.maximum(ar - (f32(1) / bt) * np.power(ar + f32(1e-8), f32(f32(lp_norm) - f32(1))).astype(f32), f32(0))
+        e = np.copysign(shr, r).astype(f32)
+        z_next = f32((q - (v - e) * is_).astype(f32).astype(np.float64).sum() / n)
+        bt = f32(bt * f32(kappa))
+        err = f32(ar.astype(np.float64).sum() / n)
+        if err < best:
+            best, z_best, z = err, z, z_next
+        else:
+            z = z_next
+            break
+    return is_, (z_best if keep_best else z)
+
+
+def hqq_float(x: np.ndarray, dtype=np.float32, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 1.01,
+              iters: int = 20):
+    """x [B, bs] float32 (values of a `dtype` weight) -> (scale [B], zero point [B], codes [B, bs] uint8);
+    scale and zero point hold `dtype` values (as float32)."""
+    B = x.shape[0]
+    scale, zero = np.zeros(B, f32), np.zeros(B, f32)
+    tiny = f32(dtype(1e-5))
+    for b in range(B):
+        v = x[b]
+        mn, mx = f32(v.min()), f32(v.max())
+        assert mx > mn, "constant blocks are not modelled"
+        is_, z = _hqq_z(v, mn, mx, lp_norm, beta, kappa, iters, True)
+        scale[b] = max(f32(dtype(f32(1) / is_)), tiny)
+        zero[b] = f32(dtype(z))
+    codes = np.clip(np.rint((x / scale[:, None] + zero[:, None]).astype(f32)), 0, 15).astype(np.uint8)
+    return scale, zero, codes
 
 
 def hqq(x: np.ndarray, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 1.01, iters: int = 20):

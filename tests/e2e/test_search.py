@@ -43,24 +43,34 @@ def _random_weights() -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    weights = _golden_weights() or _random_weights()
+def _make_model(folder, weights: dict[str, np.ndarray], dtype=np.float32):
+    """MatMuls x_i @ w_i of `dtype` (fp16: the SmolLM2 weights rounded to fp16, as the fp16 model holds them)."""
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.FLOAT16
     nodes, inputs, outputs, inits = [], [], [], []
     for i, (node, w) in enumerate(weights.items()):
         nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=node))
-        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["M", w.shape[0]]))
-        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["M", w.shape[1]]))
-        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        inputs.append(helper.make_tensor_value_info(f"x{i}", elem, ["M", w.shape[0]]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", elem, ["M", w.shape[1]]))
+        inits.append(numpy_helper.from_array(w.astype(dtype), f"w{i}"))
     m = helper.make_model(helper.make_graph(nodes, "search", inputs, outputs, inits),
                           opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    folder = tmp_path_factory.mktemp("search")
     os.makedirs(folder / "in")
     path = str(folder / "in" / "model.onnx")
     onnx.save(m, path, save_as_external_data=True, location="model.onnx.data")
     rng = np.random.default_rng(1)
-    feeds = {f"x{i}": rng.standard_normal((16, w.shape[0])).astype(np.float32) for i, w in enumerate(weights.values())}
-    return {"path": path, "weights": list(weights.values()), "feeds": feeds, "root": str(folder)}
+    feeds = {f"x{i}": rng.standard_normal((16, w.shape[0])).astype(dtype) for i, w in enumerate(weights.values())}
+    return {"path": path, "weights": [w.astype(dtype) for w in weights.values()], "feeds": feeds,
+            "root": str(folder), "dtype": dtype}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return _make_model(tmp_path_factory.mktemp("search"), _golden_weights() or _random_weights())
+
+
+@pytest.fixture(scope="module")
+def model16(tmp_path_factory):
+    return _make_model(tmp_path_factory.mktemp("search16"), _golden_weights() or _random_weights(), np.float16)
 
 
 def _run(nibble, model, tag: str, *flags: str) -> str:
@@ -145,12 +155,16 @@ def test_formats_agree_in_ort_and_beat_the_old_grid(nibble, model, algo, flags):
     for fmt in ("dq", "qdq", "matmulnbits"):
         errs[fmt] = _rel_err(_run(nibble, model, f"{algo}{''.join(flags)}_{fmt}", "--algo", algo, "--format", fmt,
                                   *flags), model)
-    assert max(errs.values()) <= 1.0001 * min(errs.values()), errs  # the same codes in every format
+    if algo != "hqq":
+        assert max(errs.values()) <= 1.0001 * min(errs.values()), errs  # the same codes in every format
     old_sym = _rel_err(_run(nibble, model, "modelopt", "--algo", "rtn_dq", "--awq_mode", "modelopt"), model)
     old_zp = _rel_err(_run(nibble, model, "modelopt_zp", "--algo", "rtn_dq", "--use_zero_point", "--awq_mode",
                            "modelopt"), model)
     e = errs["dq"]
     if algo == "hqq":
+        # MatMulNBits keeps HQQ's fractional zero points (dq/qdq round them): the same or better.
+        assert errs["matmulnbits"] < errs["dq"], errs
+        assert abs(errs["dq"] - errs["qdq"]) <= 1e-4 * errs["dq"], errs
         assert e < 0.8 * old_sym, (e, old_sym)   # below the 15-level symmetric grid
         assert e < 1.1 * old_zp, (e, old_zp)     # and near min/max zero-point RTN (it minimises |·|^0.7)
     else:
@@ -173,4 +187,44 @@ def test_hqq_refusals_and_notes(nibble, model, tmp_path):
     assert r.returncode != 0 and "ModelOpt has no HQQ" in r.stderr
     r = nibble.quantize(model["path"], str(tmp_path / "b" / "model.onnx"), "--algo", "hqq")
     assert "zero points" in r.stderr
+    assert "--algo hqq --format dq: zero points rounded to integers" in r.stderr
     assert Graph(str(tmp_path / "b" / "model.onnx")).inits["w0_zp"].data_type == TensorProto.UINT4
+
+
+def _matmulnbits_params(g: Graph, i: int, bs: int):
+    """(codes [N * G, bs], scales [N * G], zero points [N * G], zero point dtype) of MatMulNBits i."""
+    node = next(n for n in g.node_list if n.op_type == "MatMulNBits" and n.output[0] == f"y{i}")
+    b = g.array(node.input[1])                                   # [N, G, bs / 2]
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(b.shape[0] * b.shape[1], bs)
+    s = g.array(node.input[2]).reshape(-1)
+    zt = g.inits[node.input[3]]
+    return codes, s, g.array(node.input[3]).reshape(-1), zt.data_type
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_hqq_matmulnbits_float_zero_points(nibble, model, model16, dtype):
+    """--algo hqq --format matmulnbits: T1 zero points (the model's float type) with HQQ's fractional z,
+    scales, zero points and codes as the numpy reference computes them, and ONNX Runtime's MatMulNBits
+    output equal to numpy's x @ ((codes - z) · s) on SmolLM2 layers."""
+    m = model if dtype == "fp32" else model16
+    path = _run(nibble, m, "hqq_mnb", "--algo", "hqq", "--format", "matmulnbits")
+    g = Graph(path)
+    out = ort_run(path, m["feeds"])
+    want_t = TensorProto.FLOAT if dtype == "fp32" else TensorProto.FLOAT16
+    for i, w in enumerate(m["weights"]):
+        K, N = w.shape
+        codes, s, z, zt = _matmulnbits_params(g, i, BS)
+        assert zt == want_t and z.dtype == m["dtype"]
+        s32, z32 = s.astype(np.float32), z.astype(np.float32)
+        # fractional zero points (a block whose first proximal step does not help keeps rint(-min · is))
+        assert (z32 != np.rint(z32)).mean() > 0.5
+        rs, rz, rc = sr.hqq_float(sr.blocks_of(w.astype(np.float32), BS), m["dtype"])
+        same = (s32 == rs) & (z32 == rz) & (codes == rc).all(axis=1)
+        # Near-ties (numpy's pairwise sums and float32 power against sequential float64 sums and libm's powf).
+        assert same.mean() >= 0.999, (dtype, i, int((~same).sum()), same.size)
+        deq = ((codes.astype(np.float32) - z32[:, None]) * s32[:, None]).reshape(N, K).T   # [K, N]
+        x = m["feeds"][f"x{i}"].astype(np.float32)
+        ref = x.astype(np.float64) @ deq.astype(np.float64)
+        got = out[f"y{i}"].astype(np.float64)
+        rel = np.abs(got - ref).max() / np.abs(ref).max()
+        assert rel < (1e-5 if dtype == "fp32" else 2e-3), (dtype, i, rel)

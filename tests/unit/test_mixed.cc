@@ -99,3 +99,26 @@ TEST(Mixed, BudgetParsing) {
   for (const char* bad : {"", "1.5", "-0.1", "abc", "12XB", "nan", "-5MB", "MB"})
     EXPECT_THROW(parse_mixed_budget(bad), Error) << bad;
 }
+
+// The size a weight adds: hqq in MatMulNBits stores a float zero point per block (the weight's type),
+// integer zero points take half a byte at 4 bits.
+TEST(Mixed, WeightOutputBytesCountsFloatZeroPoints) {
+  PlannedWeight pw;
+  pw.rows = 576, pw.cols = 1536, pw.dtype = DType::kFloat16, pw.block = 128;
+  const uint64_t N = 1536, G = 5, packed = N * G * 64, scales = N * G * 2;
+  QuantizeOptions o;
+  o.algo = Algo::kHqq;
+  EXPECT_EQ(zero_points_of(o, Format::kMatMulNBits), ZeroPoints::kFloat);
+  EXPECT_EQ(zero_points_of(o, Format::kDq), ZeroPoints::kCodes);
+  o.algo = Algo::kRtnDq;
+  EXPECT_EQ(zero_points_of(o, Format::kMatMulNBits), ZeroPoints::kNone);
+  const auto bytes = [&](ZeroPoints z) {
+    return weight_output_bytes(pw, 4, 128, Format::kMatMulNBits, z, SizeMode::kPayload);
+  };
+  EXPECT_EQ(bytes(ZeroPoints::kNone), packed + scales);
+  EXPECT_EQ(bytes(ZeroPoints::kCodes), packed + scales + N * 3);
+  EXPECT_EQ(bytes(ZeroPoints::kFloat), packed + scales + N * G * 2);
+  // 8 bits (per channel: 9 blocks of 64, see matmulnbits_layout_block) keep integer zero points.
+  EXPECT_EQ(weight_output_bytes(pw, 8, -1, Format::kMatMulNBits, ZeroPoints::kFloat, SizeMode::kPayload),
+            weight_output_bytes(pw, 8, -1, Format::kMatMulNBits, ZeroPoints::kCodes, SizeMode::kPayload));
+}

@@ -46,6 +46,9 @@ void expect_same(const QuantResult& a, const QuantResult& b) {
   ASSERT_EQ(a.scales.size(), b.scales.size());
   for (size_t i = 0; i < a.scales.size(); ++i) ASSERT_EQ(a.scales[i], b.scales[i]) << i;
   EXPECT_EQ(a.zero_points, b.zero_points);
+  ASSERT_EQ(a.zero_points_float.size(), b.zero_points_float.size());
+  for (size_t i = 0; i < a.zero_points_float.size(); ++i)
+    ASSERT_EQ(a.zero_points_float[i], b.zero_points_float[i]) << i;
   EXPECT_NEAR(a.sq_error, b.sq_error, 1e-12 * a.sq_error);
 }
 
@@ -70,9 +73,15 @@ TEST(Search, FastEqualsReferenceBitForBit) {
             rtn_lsq_fast(tw.w, spec(bits, 64, zp), RtnSearchOptions{}, b);
             expect_same(a, b);
             if (!zp) continue;
-            hqq_ref(tw.w, spec(bits, 64, true), HqqOptions{}, a);
-            hqq_fast(tw.w, spec(bits, 64, true), HqqOptions{}, b);
-            expect_same(a, b);
+            for (bool float_zp : {false, true})
+              for (bool refit : {false, true}) {
+                HqqOptions o;
+                o.float_zero_point = float_zp, o.refit_scale = refit;
+                hqq_ref(tw.w, spec(bits, 64, true), o, a);
+                hqq_fast(tw.w, spec(bits, 64, true), o, b);
+                expect_same(a, b);
+                EXPECT_EQ(a.zero_points_float.size(), float_zp ? a.scales.size() : 0);
+              }
           }
   set_num_threads(0);
 }
@@ -148,4 +157,66 @@ TEST(Search, ConstantAndZeroBlocks) {
   QuantResult h;
   hqq_ref(m, spec(4, 32, true), HqqOptions{}, h);
   EXPECT_LT(h.sq_error, 1e-12);
+  HqqOptions o;
+  o.float_zero_point = true;
+  hqq_ref(m, spec(4, 32, true), o, h);
+  EXPECT_LT(h.sq_error, 1e-12);
+  EXPECT_GT(h.scales[0], 0.0f);
+}
+
+// Float zero points (MatMulNBits): stored in the weight's type, each code the nearest level of
+// (q - z)·s under the stored s and z, and the weight error below the integer zero point's.
+TEST(Search, HqqFloatZeroPointsAreExactAndBeatIntegerOnes) {
+  for (DType t : {DType::kFloat32, DType::kFloat16}) {
+    const TestWeight tw = make_weight(t, 320, 48, 0, 13);  // 320: a partial last block of 64
+    HqqOptions o;
+    o.float_zero_point = true;
+    QuantResult f, i;
+    hqq_ref(tw.w, spec(4, 128, true), o, f);
+    hqq_ref(tw.w, spec(4, 128, true), HqqOptions{}, i);
+    ASSERT_EQ(f.zero_points.size(), f.scales.size());
+    ASSERT_EQ(f.zero_points_float.size(), f.scales.size());
+    int fractional = 0;
+    for (size_t j = 0; j < f.scales.size(); ++j) {
+      EXPECT_EQ(f.scales[j], round_to(t, f.scales[j]));
+      EXPECT_EQ(f.zero_points_float[j], round_to(t, f.zero_points_float[j]));
+      fractional += f.zero_points_float[j] != std::nearbyint(f.zero_points_float[j]);
+    }
+    EXPECT_GT(fractional, int(f.scales.size()) / 2);
+    double err = 0;
+    for (int64_t n = 0; n < 48; ++n)
+      for (int64_t k = 0; k < 320; ++k) {
+        const size_t pi = tw.w.param_index(f.groups, k / 128, n);
+        const float s = f.scales[pi], z = f.zero_points_float[pi];
+        const float v = load_float(t, tw.w.data, tw.w.index(k, n));
+        const int c = f.codes[tw.w.index(k, n)];
+        // no other code is nearer to v under (s, z)
+        for (int d : {-1, 1}) {
+          if (c + d < 0 || c + d > 15) continue;
+          ASSERT_LE(std::fabs(v - (float(c) - z) * s), std::fabs(v - (float(c + d) - z) * s) * (1 + 1e-6f))
+              << k << " " << n;
+        }
+        const double e = double(v) - double(round_to(t, (float(c) - z) * s));
+        err += e * e;
+      }
+    EXPECT_NEAR(err, f.sq_error, 1e-9 * err);
+    EXPECT_LT(f.sq_error, 0.97 * i.sq_error) << dtype_name(t);
+  }
+}
+
+// The joint least-squares refit of s and z on the final codes never raises a block's error.
+TEST(Search, HqqFloatRefitNeverWorsePerBlock) {
+  const TestWeight tw = make_weight(DType::kFloat16, 256, 32, 1, 17);
+  std::vector<float> x(64);
+  HqqOptions plain, refit;
+  plain.float_zero_point = refit.float_zero_point = true;
+  refit.refit_scale = true;
+  for (int64_t n = 0; n < 32; ++n)
+    for (int64_t g = 0; g < 4; ++g) {
+      for (int64_t k = 0; k < 64; ++k) x[size_t(k)] = load_float(DType::kFloat16, tw.w.data, tw.w.index(g * 64 + k, n));
+      const auto a = fit::hqq_block_float(x.data(), 64, 4, DType::kFloat16, DType::kFloat16, plain);
+      const auto b = fit::hqq_block_float(x.data(), 64, 4, DType::kFloat16, DType::kFloat16, refit);
+      EXPECT_LE(fit::float_zero_error(x.data(), 64, b, 4, DType::kFloat16),
+                fit::float_zero_error(x.data(), 64, a, 4, DType::kFloat16));
+    }
 }

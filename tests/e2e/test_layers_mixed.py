@@ -5,7 +5,8 @@
 * --mixed_strategy sensitivity: a first sweep measures each layer's weights at 4 and 8 bits (the float
   layers fed forward), the greedy pick runs once on every weight's errors, a second sweep quantizes. The
   INT8 set and every output initializer equal the whole-model run's: on a 4-layer Llama-shaped test model
-  (awq_lite, awq_full, gptq, rtn_dq) and on SmolLM2-135M fp32 (awq_lite, rtn_dq) when it is there.
+  (awq_lite, awq_full, gptq, rtn_dq), on a tools/make_llama_shaped.py model (awq_lite) and on SmolLM2-135M
+  fp32 (awq_lite, rtn_dq) when it is there.
 * --resume after a SIGKILL in the first sweep and in the second gives the same bytes as a run never
   stopped, and measures no finished layer again.
 """
@@ -15,13 +16,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
 import onnx
 import pytest
 
-from .conftest import folder_digest
+from .conftest import REPO, folder_digest
 
 LAYERS, SAMPLES, SEQ = 4, 6, 16
 SMOLLM2 = "/work/golden/smollm2-fp32/model.onnx"
@@ -50,7 +52,9 @@ def initializers(path: str) -> dict[str, bytes]:
 def run(nibble, src: str, out: str, *flags: str):
     """Quantizes with a report; returns (result, {weight: its report entry})."""
     rep = out + ".json"
-    r = nibble.quantize(src, out, *flags, "--report", rep)
+    # SmolLM2 layer by layer: two sweeps of 30 layers, each layer one ONNX Runtime session (minutes)
+    r = nibble.run("quantize", "--onnx_path", src, "--output_path", out, *flags, "--report", rep, timeout=1800)
+    assert r.returncode == 0, r.describe()
     with open(rep, encoding="utf-8") as f:
         return r, {w["name"]: w for w in json.load(f)["weights"]}
 
@@ -103,6 +107,19 @@ def test_sensitivity_smollm2_equals_whole_model(nibble, tmp_path, algo):
     chosen, _ = same_as_whole_model(nibble, SMOLLM2, str(tmp_path), algo, "--algo", algo, "--mixed_strategy",
                                     "sensitivity", "--calib_data", SMOLLM2_CALIB, "--calib_size", "8")
     assert 0 < len(chosen) < 211, len(chosen)
+
+
+def test_sensitivity_llama_shaped_equals_whole_model(nibble, tmp_path):
+    """tools/make_llama_shaped.py (ORT-GenAI names, fp32 so that the cut changes no rounding), random token
+    ids; the default budget (the size of ModelOpt's choice)."""
+    src = str(tmp_path / "src" / "model.onnx")
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_llama_shaped.py"), "--out", src, "--hidden", "256",
+                    "--intermediate", "688", "--layers", "4", "--vocab", "1000", "--heads", "4", "--dtype", "fp32",
+                    "--quiet"], check=True, timeout=300)
+    chosen, _ = same_as_whole_model(nibble, src, str(tmp_path), "shaped", "--algo", "awq_lite", "--mixed_strategy",
+                                    "sensitivity", "--use_random_calib", "--calib_size", "4", "--calib_seq_len", "32",
+                                    "--calibration_eps", "cpu")
+    assert 0 < len(chosen) < 5 * 4, chosen
 
 
 def kill_when(cmd: list[str], ready) -> None:

@@ -251,8 +251,8 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
 
 // Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (the AWQ loss · N).
 void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                    kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
-                    std::vector<double>* e4, std::vector<double>* e8) {
+                         kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
+                         std::vector<double>* e4, std::vector<double>* e8) {
   const bool awq = choices != nullptr, zp = o.zero_point();
   e4->assign(plan.weights.size(), 0);
   e8->assign(plan.weights.size(), 0);

@@ -137,12 +137,16 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_flag("--force", o.force, "Overwrite an existing output model (never the input)");
   q.add_flag("--layer_by_layer", o.layer_by_layer,
              "Calibrate, search and quantize one decoder layer at a time: memory and temporary disk hold one "
-             "layer's statistics and the calibration windows' boundary activations, whatever the depth");
+             "layer's statistics and the calibration windows' boundary activations, whatever the depth (with "
+             "--mixed_strategy sensitivity a first sweep over the layers measures every weight at 4 and 8 bits "
+             "before the INT8 set is chosen: one more calibration pass per layer)");
   q.add_flag("--feed_quantized", o.feed_quantized,
              "With --layer_by_layer: calibrate each layer on the outputs of the already-quantized layers before "
-             "it (as sequential GPTQ and AutoAWQ do) instead of the float model's");
+             "it (as sequential GPTQ and AutoAWQ do) instead of the float model's (the sensitivity sweep of "
+             "--mixed_strategy sensitivity always feeds the float layers)");
   q.add_flag("--resume", o.resume,
-             "With --layer_by_layer: continue a stopped run (same flags) from its first unfinished layer");
+             "With --layer_by_layer: continue a stopped run (same flags) from its first unfinished layer (or "
+             "unmeasured layer of the sensitivity sweep)");
   q.add_option("--report", o.report, "Write a JSON report: flags, per-weight shape, bits, block, error, timings");
   q.add_flag("--quiet", o.quiet, "Only warnings and errors");
   q.add_flag("--verbose", o.verbose, "Debug output (skipped nodes and why)");

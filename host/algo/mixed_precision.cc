@@ -256,12 +256,10 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
   spdlog::info("mixed precision ({}): {} of {} weights INT8", out->strategy, n8, plan.weights.size());
 }
 
-namespace {
-
 // Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (the AWQ loss · N).
-void measure_errors(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                    kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
-                    std::vector<double>* e4, std::vector<double>* e8) {
+void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                         kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
+                         std::vector<double>* e4, std::vector<double>* e8) {
   const bool awq = choices != nullptr, zp = o.zero_point();
   e4->assign(plan.weights.size(), 0);
   e8->assign(plan.weights.size(), 0);
@@ -284,6 +282,8 @@ void measure_errors(OnnxModel& model, const Plan& plan, Calibration& calib, cons
     }
   }
 }
+
+namespace {
 
 // Output sizes at 4 and 8 bits of every weight (b: as counted against the budget, p: payload only)
 // and of what is not quantized (see SizeMode): an explicit size budget is checked against the upper
@@ -391,13 +391,11 @@ Picked pick_int8(Plan& plan, const std::vector<double>& e4, const std::vector<do
 
 }  // namespace
 
-void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                             Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
-                             MixedOutcome* out) {
+std::set<std::string> pick_sensitivity(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, Format format,
+                                       const std::vector<double>& e4, const std::vector<double>& e8,
+                                       MixedOutcome* out) {
   out->strategy = "sensitivity";
   const size_t W = plan.weights.size();
-  std::vector<double> e4, e8;
-  measure_errors(model, plan, calib, o, backend, choices, &e4, &e8);
   const SizeMode mode = o.mixed_budget.empty() ? SizeMode::kExpected : SizeMode::kBound;
   const Sizes z = weight_sizes(model, plan, format, zero_points_of(o, format), mode);
   // The budget: a share of the elements, an output size, or (default) the size of ModelOpt's choice.
@@ -419,15 +417,47 @@ void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, c
                k.n8, W, z.elems ? 100.0 * double(k.used_elems) / double(z.elems) : 0.0,
                budget.is_share ? std::to_string(budget.share) + " of the elements" : human_bytes(budget.bytes),
                human_bytes(k.used), human_bytes(z.all4));
-  // AWQ: the INT8 weights (and their siblings, which share s) are searched again at their precision.
-  if (!choices || k.acts8.empty()) return;
+  return k.acts8;
+}
+
+std::set<std::string> int8_activations(const Plan& plan) {
+  std::set<std::string> acts;
+  for (const auto& pw : plan.weights)
+    if (pw.bits == 8) acts.insert(pw.activation);
+  return acts;
+}
+
+Plan at_four_bits(const Plan& plan, int64_t block) {
+  Plan four = plan;
+  for (auto& pw : four.weights)
+    if (pw.bits == 8) {
+      pw.bits = 4;
+      pw.block = block;
+    }
+  return four;
+}
+
+void research_int8(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                   kernels::Backend& backend, const std::set<std::string>& acts8,
+                   std::map<std::string, AwqChoice>* choices) {
   Plan sub;
   for (const auto& pw : plan.weights)
-    if (k.acts8.count(pw.activation)) sub.weights.push_back(pw);
+    if (acts8.count(pw.activation)) sub.weights.push_back(pw);
+  if (sub.weights.empty()) return;
   for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
   spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
   auto again = awq_lite_search(model, sub, calib, o, o.modelopt(), backend);
   for (auto& [name, c] : again) (*choices)[name] = std::move(c);
+}
+
+void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                             Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
+                             MixedOutcome* out) {
+  std::vector<double> e4, e8;
+  measure_sensitivity(model, plan, calib, o, backend, choices, &e4, &e8);
+  const std::set<std::string> acts8 = pick_sensitivity(model, plan, o, format, e4, e8, out);
+  // AWQ: the INT8 weights (and their siblings, which share s) are searched again at their precision.
+  if (choices) research_int8(model, plan, calib, o, backend, acts8, choices);
 }
 
 }  // namespace nibble

@@ -64,15 +64,39 @@ struct MixedOutcome {
   std::string strategy;
   std::map<std::string, nlohmann::json> per_weight;  // weight -> {precision, why, e4, e8, ...}
   nlohmann::json summary = nlohmann::json::object();
+  // Sensitivity layer by layer: the INT8 set was chosen by a first sweep, before the per-layer searches.
+  bool picked = false;
 };
 
 // Sets bits = 8, block = -1 on the planned weights chosen by the modelopt / layers_8bit strategies.
 void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, MixedOutcome* out);
 
 // The sensitivity strategy, after calibration. For AWQ, `choices` holds the 4-bit search; the
-// weights that end at 8 bits (and their siblings) are searched again at their precision.
+// weights that end at 8 bits (and their siblings) are searched again at their precision. It is the
+// three steps below in a row; layer by layer runs them apart (measure per layer, pick once, search
+// again per layer).
 void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
                              Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
                              MixedOutcome* out);
+
+// Output error of every weight of `plan` at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (the AWQ loss · N),
+// with the AWQ scales of `choices` (the 4-bit search; null: s = 1).
+void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                         kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
+                         std::vector<double>* e4, std::vector<double>* e8);
+// The greedy choice over the whole plan from every weight's e4/e8 (plan order): sets 8 bits on the chosen
+// weights, fills `out` (per weight and summary). Returns the inputs of the INT8 weights.
+std::set<std::string> pick_sensitivity(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, Format format,
+                                       const std::vector<double>& e4, const std::vector<double>& e8,
+                                       MixedOutcome* out);
+// AWQ: the weights reading one of `acts8` searched again at their precision, their entries of `choices`
+// replaced.
+void research_int8(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
+                   kernels::Backend& backend, const std::set<std::string>& acts8,
+                   std::map<std::string, AwqChoice>* choices);
+// The inputs of the plan's 8-bit weights.
+std::set<std::string> int8_activations(const Plan& plan);
+// The plan as it was before any INT8 pick: 8-bit weights back at 4 bits with `block` (--block_size).
+Plan at_four_bits(const Plan& plan, int64_t block);
 
 }  // namespace nibble

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "host/run/layer_sensitivity.h"
+#include "host/run/layer_state.h"
 #include "host/run/report.h"
 #include "loaders/error.h"
 
@@ -16,13 +18,6 @@ namespace nibble {
 namespace {
 
 fs::path state_path(const QuantizeOptions& o) { return layer_state_dir(o.output_path); }
-
-// What must be equal for a checkpoint to be continued: every flag that can change the output.
-nlohmann::json resume_settings(const QuantizeOptions& o) {
-  nlohmann::json j = options_to_json(o);
-  for (const char* k : {"resume", "force", "report", "quiet", "verbose", "threads", "config"}) j.erase(k);
-  return j;
-}
 
 std::string hex(const std::string& b) {
   static const char* d = "0123456789abcdef";
@@ -37,14 +32,7 @@ std::string unhex(const std::string& s) {
   return b;
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  try {
-    return nlohmann::json::parse(f);
-  } catch (const std::exception&) {
-    throw Error("cannot resume: " + p.string() + " is not readable JSON");
-  }
-}
+nlohmann::json read_json(const fs::path& p) { return read_state_json(p.string()); }
 
 // The checkpoint after `done` groups: written to a temporary name and renamed, so a kill leaves the
 // previous one or this one whole.
@@ -68,16 +56,6 @@ void load_scales(const QuantizeOptions& o, size_t g, Searched& s) {
   const fs::path p = state_path(o) / ("scales_" + std::to_string(g) + ".json");
   const nlohmann::json j = read_json(p);
   for (const auto& [name, c] : j.items()) s.choices[name].scale = c.get<std::vector<float>>();
-}
-
-// The plan of one group: its weights (plan order) and their siblings, with the run's format and picks.
-Planned sub_plan(const Planned& all, const std::vector<size_t>& idx) {
-  Planned p;
-  p.format = all.format;
-  p.mixed = all.mixed;
-  for (size_t i : idx) p.plan.weights.push_back(all.plan.weights[i]);
-  for (size_t k = 0; k < p.plan.weights.size(); ++k) p.plan.siblings[p.plan.weights[k].activation].push_back(k);
-  return p;
 }
 
 void add(Emitted& total, const Emitted& e) {
@@ -128,8 +106,12 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
                   size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend) {
   Planned sub = sub_plan(planned, idx);
   Searched s;
-  std::vector<Calibration::Request> acts;
-  for (const auto& [act, k] : sub.plan.siblings) acts.push_back({act, sub.plan.weights[k[0]].K()});
+  if (!calibrates_after_pick(o)) {  // RTN with the INT8 set chosen: nothing left to measure
+    Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
+    spdlog::info("layer group {}: {} weights (no calibration: the INT8 set is chosen)", g, idx.size());
+    return e;
+  }
+  const std::vector<Calibration::Request> acts = activation_requests(sub.plan);
   Calibration::Extras extras = clip_calibration(o, sub.plan);
   extras.layer_state = (state_path(o) / "boundary").string();
   extras.layer_groups = groups_file;
@@ -230,6 +212,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     }
     write_json_file(groups_file, j);
   }
+  if (mixed_needs_calibration(o)) choose_int8_layer_by_layer(o, model, planned, groups, groups_file, backend);
   Emitted total;
   size_t first = 0;
   std::error_code ec;

@@ -3,7 +3,8 @@
 // (calib/layers.py), then its search, quantization and writing, then its statistics are dropped. RAM
 // and temporary disk hold one layer's statistics plus the calibration windows' boundary, whatever the
 // depth. After every layer a checkpoint is written, so --resume continues from the first unfinished
-// layer and gives the same bytes as an uninterrupted run.
+// layer and gives the same bytes as an uninterrupted run. With --mixed_strategy sensitivity a first sweep
+// over the layers chooses the INT8 set before this loop (host/run/layer_sensitivity.h).
 #pragma once
 #include <string>
 #include <vector>

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "host/run/layer_sensitivity.h"
 #include "host/run/layers.h"
 #include "host/run/stages.h"
 #include "kernels/parallel.h"
@@ -54,11 +55,6 @@ std::vector<std::vector<size_t>> layer_plan(const QuantizeOptions& o, const Plan
                  name_of(o.algo));
     return {};
   }
-  if (mixed_needs_calibration(o)) {
-    spdlog::warn("--layer_by_layer: mixed precision by sensitivity ranks every weight of the model at once; "
-                 "running the whole-model pass");
-    return {};
-  }
   std::string why;
   auto groups = layer_groups(planned.plan, &why);
   if (groups.empty()) spdlog::warn("--layer_by_layer: the graph cannot be cut into layers ({}); running the "
@@ -66,6 +62,9 @@ std::vector<std::vector<size_t>> layer_plan(const QuantizeOptions& o, const Plan
   if (!o.calib.calib_cache.empty() && !groups.empty())
     spdlog::warn("--calib_cache {}: no effect with --layer_by_layer (each layer's statistics are dropped once it "
                  "is written)", o.calib.calib_cache);
+  if (!groups.empty() && o.feed_quantized && mixed_needs_calibration(o) && !calibrates_after_pick(o))
+    spdlog::warn("--feed_quantized: no effect: --algo {} calibrates only for the sensitivity sweep, which feeds the "
+                 "float layers forward (nothing is quantized before the INT8 set is chosen)", name_of(o.algo));
   return groups;
 }
 

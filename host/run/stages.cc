@@ -71,6 +71,14 @@ Planned plan_stage(const QuantizeOptions& o, OnnxModel& model) {
   return p;
 }
 
+void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan, kernels::Backend& backend,
+                   Searched& s) {
+  if (o.searches_clip() && o.modelopt())
+    awq_full_modelopt_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.choices);
+  else
+    s.choices = awq_lite_search(model, plan, *s.calib, o, o.modelopt(), backend);
+}
+
 bool needs_calibration(const QuantizeOptions& o) {
   return o.searches_scales() || o.searches_clip() || o.uses_gptq() || mixed_needs_calibration(o);
 }
@@ -100,10 +108,13 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
   Plan& plan = planned.plan;
   const auto ts = std::chrono::steady_clock::now();
   const bool awq = o.searches_scales(), clip = o.searches_clip();
-  if (awq && clip && o.modelopt()) awq_full_modelopt_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.choices);
-  else if (awq) s.choices = awq_lite_search(model, plan, *s.calib, o, o.modelopt(), backend);
+  // INT8 set already chosen (layer by layer): the 4-bit search runs on the plan as it was before the
+  // pick, then the INT8 weights' inputs are searched again, as the whole-model pass does after its pick.
+  const bool picked = mixed_needs_calibration(o) && planned.mixed.picked;
+  if (awq) search_scales(o, model, picked ? at_four_bits(plan, o.block_size) : plan, backend, s);
   if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.awq_mode), seconds_since(ts));
-  if (mixed_needs_calibration(o))
+  if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices);
+  if (mixed_needs_calibration(o) && !picked)
     apply_sensitivity_mixed(model, plan, *s.calib, o, planned.format, backend, awq ? &s.choices : nullptr,
                             &planned.mixed);
   if (clip) {

@@ -63,6 +63,10 @@ struct Searched {
 // Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).
 bool needs_calibration(const QuantizeOptions& o);
 Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend);
+// AWQ's scale search of the plan's weights on s.calib (awq_lite's, or awq_full's in modelopt mode) into
+// s.choices (and s.per_node).
+void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan, kernels::Backend& backend,
+                   Searched& s);
 // The searches of search_stage on statistics already in s.calib (the whole model's, or one layer's
 // with a plan of that layer's weights).
 void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend,

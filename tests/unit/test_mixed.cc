@@ -122,3 +122,28 @@ TEST(Mixed, WeightOutputBytesCountsFloatZeroPoints) {
   EXPECT_EQ(weight_output_bytes(pw, 8, -1, Format::kMatMulNBits, ZeroPoints::kFloat, SizeMode::kPayload),
             weight_output_bytes(pw, 8, -1, Format::kMatMulNBits, ZeroPoints::kCodes, SizeMode::kPayload));
 }
+
+// Layer by layer, the 4-bit search runs on the plan as it was before the pick: the INT8 weights go back
+// to 4 bits and the run's block; the activations searched again are those of the INT8 weights.
+TEST(Mixed, FourBitPlanAndInt8Activations) {
+  nibble::Plan plan;
+  auto weight = [](const std::string& name, const std::string& act, int bits, int64_t block) {
+    nibble::PlannedWeight pw;
+    pw.weight = name;
+    pw.activation = act;
+    pw.bits = bits;
+    pw.block = block;
+    return pw;
+  };
+  plan.weights = {weight("q", "x0", 8, -1), weight("k", "x0", 4, 64), weight("down", "x1", 4, 64),
+                  weight("up", "x2", 8, -1)};
+  EXPECT_EQ(nibble::int8_activations(plan), (std::set<std::string>{"x0", "x2"}));
+  const nibble::Plan four = nibble::at_four_bits(plan, 64);
+  ASSERT_EQ(four.weights.size(), 4u);
+  for (const auto& pw : four.weights) {
+    EXPECT_EQ(pw.bits, 4) << pw.weight;
+    EXPECT_EQ(pw.block, 64) << pw.weight;
+  }
+  EXPECT_TRUE(nibble::int8_activations(four).empty());
+  EXPECT_EQ(plan.weights[0].bits, 8);  // the plan itself is unchanged
+}

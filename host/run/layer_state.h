@@ -1,0 +1,24 @@
+// What the layer-by-layer files (host/run/layers.cc, host/run/layer_sensitivity.cc) share about the
+// state folder and the layer groups.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "host/run/stages.h"
+
+namespace nibble {
+
+// What must be equal for a stopped run's state to be continued: every flag that can change the output.
+nlohmann::json resume_settings(const QuantizeOptions& o);
+
+// A state file read back; Error (one line) when it is not JSON.
+nlohmann::json read_state_json(const std::string& path);
+
+// The plan of one group: its weights (plan order) and their siblings, with the run's format and picks.
+Planned sub_plan(const Planned& all, const std::vector<size_t>& idx);
+
+// The calibration requests of a plan: one per activation, with its K.
+std::vector<Calibration::Request> activation_requests(const Plan& plan);
+
+}  // namespace nibble

@@ -167,21 +167,7 @@ def hqq(x: np.ndarray, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 
         if not mx > mn:
             scale[b], zps[b] = f32(1e-5), 0
             continue
-        is_ = f32(min(f32(f32(15) / f32(mx - mn)), f32(2e4)))
-        z, bt, best = f32(np.rint(f32(-mn * is_))), f32(beta), f32(1e4)
-        for _ in range(iters):
-            q = np.clip(np.rint((v * is_ + z).astype(f32)), 0, 15).astype(f32)
-            r = (v - ((q - z) / is_).astype(f32)).astype(f32)
-            ar = np.abs(r)
-            shr = np.maximum(ar - (f32(1) / bt) * np.power(ar + f32(1e-8), f32(f32(lp_norm) - f32(1))).astype(f32), f32(0))
-            e = np.copysign(shr, r).astype(f32)
-            z = f32((q - (v - e) * is_).astype(f32).astype(np.float64).sum() / n)
-            bt = f32(bt * f32(kappa))
-            err = f32(ar.astype(np.float64).sum() / n)
-            if err < best:
-                best = err
-            else:
-                break
+        is_, z = _hqq_z(v, mn, mx, lp_norm, beta, kappa, iters, False)
         scale[b] = max(f32(f32(1) / is_), f32(1e-5))
         zps[b] = np.uint8(np.clip(np.rint(z), 0, 15))
     codes = _rtn_zp(x, scale, zps.astype(f32)).astype(np.uint8)

@@ -19,34 +19,14 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import onnx
 import pytest
 
 from .conftest import REPO, folder_digest
+from .test_layers import LAYERS, SAMPLES, SEQ, calib_args, initializers, llama  # noqa: F401 (llama: a fixture)
 
-LAYERS, SAMPLES, SEQ = 4, 6, 16
 SMOLLM2 = "/work/golden/smollm2-fp32/model.onnx"
 SMOLLM2_CALIB = "/work/golden/calib_fp32.npz"
-
-
-@pytest.fixture(scope="module")
-def llama(model_cache, tmp_path_factory):
-    spec, path = model_cache.llama(layers=LAYERS)
-    root = str(tmp_path_factory.mktemp("layers_mixed"))
-    rng = np.random.default_rng(5)
-    npz = os.path.join(root, "calib.npz")
-    np.savez(npz, hidden=rng.standard_normal((SAMPLES, SEQ, spec.hidden)).astype(np.float32))
-    return spec, path, npz, root
-
-
-def calib_args(npz: str) -> list[str]:
-    return ["--calib_data", npz, "--calib_size", str(SAMPLES), "--calibration_eps", "cpu", "--block_size", "32"]
-
-
-def initializers(path: str) -> dict[str, bytes]:
-    m = onnx.load(path)
-    return {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
 
 
 def run(nibble, src: str, out: str, *flags: str):

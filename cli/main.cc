@@ -38,7 +38,9 @@ struct NamedChoices {
       gather_quantize_axis;
 };
 
-void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
+// The quantize flags in three parts (the --help order): input, output and algorithm; calibration; precision,
+// format and the run.
+void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   q.add_option("--onnx_path", o.onnx_path, "Input ONNX model (external data beside it)")->required();
   q.add_option("--output_path", o.output_path,
                "Output ONNX model; its weights go to OUTPUT.data beside it. A missing folder is created")
@@ -69,6 +71,9 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_flag("--gptq_act_order", o.gptq_act_order,
              "GPTQ: quantize input channels by decreasing activation energy (blocks stay contiguous: each block's "
              "scale is fixed when the sweep first reaches one of its channels)");
+}
+
+void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o) {
   q.add_option("--calibration_eps", o.calib.calibration_eps,
                "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
                "NvTensorRtRtx)")
@@ -84,6 +89,9 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_flag("--use_fp32", o.calib.use_fp32, "Calibration: past KV in fp32 (default: the model's own input dtype)");
   q.add_flag("--use_random_calib", o.calib.use_random_calib, "Calibration: random token ids instead of a dataset (--calib_size x "
              "--calib_seq_len, fixed seed: two runs give the same model; no tokenizer needed)");
+}
+
+void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   q.add_flag("--enable_mixed_quant", o.enable_mixed_quant,
              "Mixed precision: some weights INT8 per channel, the rest INT4 (which ones: --mixed_strategy)");
   q.add_option("--layers_8bit", o.layers_8bit,
@@ -150,6 +158,12 @@ void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c
   q.add_option("--report", o.report, "Write a JSON report: flags, per-weight shape, bits, block, error, timings");
   q.add_flag("--quiet", o.quiet, "Only warnings and errors");
   q.add_flag("--verbose", o.verbose, "Debug output (skipped nodes and why)");
+}
+
+void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
+  add_algorithm_flags(q, o, c);
+  add_calibration_flags(q, o);
+  add_precision_and_run_flags(q, o, c);
 }
 
 // Presets (--config FILE, configs/*.toml). CLI11 2.1.2 (Debian 12) reads a config file only for the

@@ -61,8 +61,8 @@ kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSp
   q.groups = (pw.K() + spec.block - 1) / spec.block;
   q.codes.assign(size_t(pw.rows * pw.cols), 0);
   q.scales.assign(size_t(q.groups * pw.N()), 1.0f);
-  if (float_zp) q.zero_points_float.assign(q.scales.size(), 0.0f);
-  else if (spec.zero_point) q.zero_points.assign(q.scales.size(), 0);
+  if (float_zp) q.zero_points_float.assign(q.scales.size(), 0.0f);  // beside the integer ones, as hqq's result
+  if (spec.zero_point || float_zp) q.zero_points.assign(q.scales.size(), 0);
   return q;
 }
 

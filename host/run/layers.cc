@@ -108,6 +108,7 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   Searched s;
   if (!calibrates_after_pick(o)) {  // RTN with the INT8 set chosen: nothing left to measure
     Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
+    save_scales(o, g, s);  // none, but a resumed run reads every finished group's
     spdlog::info("layer group {}: {} weights (no calibration: the INT8 set is chosen)", g, idx.size());
     return e;
   }
@@ -244,7 +245,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
     if (g > 0) drop_effective(o, g - 1);
   }
-  total.zero_point = o.use_zero_point && !(o.algo == Algo::kAwqClip && o.modelopt());
+  total.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());  // as emit_stage says
   return total;
 }
 

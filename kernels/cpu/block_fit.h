@@ -331,6 +331,11 @@ inline FloatZeroParams hqq_block_float(const float* x, int64_t n, int bits, DTyp
   const float z = hqq_zero(x, n, mn, mx, bits, o, true, &is);
   p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
   p.zero = round_to(st, z);
+  if (!std::isfinite(p.zero)) {  // past the float type's range (a narrow block far from 0): min/max instead
+    const BlockParams b = block_params_zero_point(std::min(mn, 0.0f), std::max(mx, 0.0f), bits, st);
+    p.scale = b.scale, p.zero = float(b.zero_point);
+    return p;
+  }
   return o.refit_scale ? refit_float_zero(x, n, p, bits, t, st) : p;
 }
 

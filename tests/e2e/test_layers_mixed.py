@@ -57,6 +57,8 @@ def same_as_whole_model(nibble, src: str, root: str, name: str, *flags: str) -> 
     na = [(n.op_type, list(n.input)) for n in onnx.load(whole, load_external_data=False).graph.node]
     nb = [(n.op_type, list(n.input)) for n in onnx.load(layered, load_external_data=False).graph.node]
     assert na == nb
+    meta = [{p.key: p.value for p in onnx.load(m, load_external_data=False).metadata_props} for m in (whole, layered)]
+    assert meta[0] == meta[1]
     assert not os.path.exists(os.path.join(os.path.dirname(layered), ".model.onnx.layers"))
     return int8(wa), r
 
@@ -70,10 +72,11 @@ def test_static_mixed_layer_by_layer(nibble, llama, flags):
     assert chosen and len(chosen) < 5 * LAYERS, chosen
 
 
-@pytest.mark.parametrize("algo", ["awq_lite", "awq_full", "gptq", "rtn_dq"])
+@pytest.mark.parametrize("algo", ["awq_lite", "awq_full", "gptq", "rtn_dq", "hqq"])
 def test_sensitivity_layer_by_layer_equals_whole_model(nibble, llama, algo):
     spec, path, npz, root = llama
-    chosen, r = same_as_whole_model(nibble, path, root, f"sens_{algo}", "--algo", algo, "--mixed_strategy",
+    fmt = ["--format", "matmulnbits"] if algo == "hqq" else []  # hqq: float zero points at 4 bits
+    chosen, r = same_as_whole_model(nibble, path, root, f"sens_{algo}", "--algo", algo, *fmt, "--mixed_strategy",
                                     "sensitivity", "--mixed_budget", "0.3", *calib_args(npz))
     assert chosen and len(chosen) < 5 * LAYERS, chosen
     assert "sensitivity sweep: layer group 3:" in r.stderr, r.describe()
@@ -154,6 +157,37 @@ def test_resume_after_sigkill_is_byte_identical(nibble, llama, tmp_path, when):
         assert "the INT8 choice of the stopped run" in r.stderr, r.describe()
         assert "sensitivity sweep: layer group" not in r.stderr, r.describe()
         assert f"continuing at layer group {done}" in r.stderr, r.describe()
+    assert folder_digest(str(out.parent)) == folder_digest(str(straight.parent))
+
+
+def test_resume_second_sweep_without_calibration(nibble, tmp_path):
+    """hqq in MatMulNBits (float zero points) with sensitivity: the second sweep calibrates nothing, so the
+    resumed run lays the finished layers out again from the checkpoint alone. A 6-layer fp16 model big enough
+    (H=768) that the second sweep can be stopped mid-way."""
+    src = str(tmp_path / "src" / "model.onnx")
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_llama_shaped.py"), "--out", src, "--hidden", "768",
+                    "--intermediate", "2048", "--layers", "6", "--vocab", "1000", "--heads", "12", "--dtype", "fp16",
+                    "--quiet"], check=True, timeout=300)
+    args = ["--algo", "hqq", "--format", "matmulnbits", "--mixed_strategy", "sensitivity", "--mixed_budget", "0.3",
+            "--layer_by_layer", "--use_random_calib", "--calib_size", "2", "--calib_seq_len", "16",
+            "--calibration_eps", "cpu", "--threads", "1"]
+    straight = tmp_path / "straight" / "model.onnx"
+    nibble.quantize(src, str(straight), *args)
+    out = tmp_path / "killed" / "model.onnx"
+    checkpoint = tmp_path / "killed" / ".model.onnx.layers" / "checkpoint.json"
+
+    def layers_done() -> int:
+        try:
+            return json.loads(checkpoint.read_text())["layers_done"]
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    kill_when([nibble.binary, "quantize", "--onnx_path", src, "--output_path", str(out), *args],
+              lambda: layers_done() >= 2)
+    done = layers_done()
+    assert 2 <= done < 6
+    r = nibble.quantize(src, str(out), *args, "--resume")
+    assert f"continuing at layer group {done}" in r.stderr, r.describe()
     assert folder_digest(str(out.parent)) == folder_digest(str(straight.parent))
 
 

@@ -80,7 +80,7 @@ kernels::RtnSearchOptions rtn_lsq_options() {
 // Runtime's CPU MatMulNBits computes float zero points at 4 bits only ("Only 4b quantization is supported
 // for unpacked compute"), so 8-bit layers keep integer ones.
 bool float_zero_points(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
-  return o.algo == Algo::kHqq && pw.bits == 4 && rewriter.format_for(pw) == Format::kMatMulNBits;
+  return pw.bits == 4 && zero_points_of(o, rewriter.format_for(pw)) == ZeroPoints::kFloat;
 }
 
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,

@@ -29,11 +29,7 @@ fs::path measure_boundary(const QuantizeOptions& o) { return state(o) / "boundar
 std::optional<nlohmann::json> load_if_there(const QuantizeOptions& o, const fs::path& p) {
   std::error_code ec;
   if (!fs::exists(p, ec)) return std::nullopt;
-  nlohmann::json j = read_state_json(p.string());
-  if (!j.contains("settings") || j.at("settings") != resume_settings(o))
-    throw Error("--resume: " + p.string() + " was written with other flags; give the same flags or run without "
-                "--resume");
-  return j;
+  return read_resumable_state(p.string(), o);
 }
 
 // Layer group g measured: calibrated alone on the float boundary, the 4-bit AWQ search, e4/e8 per weight.

@@ -23,6 +23,13 @@ nlohmann::json read_state_json(const std::string& path) {
   }
 }
 
+nlohmann::json read_resumable_state(const std::string& path, const QuantizeOptions& o) {
+  nlohmann::json j = read_state_json(path);
+  if (!j.contains("settings") || j.at("settings") != resume_settings(o))
+    throw Error("--resume: " + path + " was written with other flags; give the same flags or run without --resume");
+  return j;
+}
+
 Planned sub_plan(const Planned& all, const std::vector<size_t>& idx) {
   Planned p;
   p.format = all.format;

@@ -14,6 +14,9 @@ nlohmann::json resume_settings(const QuantizeOptions& o);
 
 // A state file read back; Error (one line) when it is not JSON.
 nlohmann::json read_state_json(const std::string& path);
+// A state file of a stopped run, read back for --resume; Error (one line) when it is not JSON or its
+// "settings" are not this run's (resume_settings).
+nlohmann::json read_resumable_state(const std::string& path, const QuantizeOptions& o);
 
 // The plan of one group: its weights (plan order) and their siblings, with the run's format and picks.
 Planned sub_plan(const Planned& all, const std::vector<size_t>& idx);

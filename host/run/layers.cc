@@ -32,8 +32,6 @@ std::string unhex(const std::string& s) {
   return b;
 }
 
-nlohmann::json read_json(const fs::path& p) { return read_state_json(p.string()); }
-
 // The checkpoint after `done` groups: written to a temporary name and renamed, so a kill leaves the
 // previous one or this one whole.
 void write_checkpoint(const QuantizeOptions& o, size_t done, const ModelWriter& writer, const Emitted& e) {
@@ -54,7 +52,7 @@ void save_scales(const QuantizeOptions& o, size_t g, const Searched& s) {
 
 void load_scales(const QuantizeOptions& o, size_t g, Searched& s) {
   const fs::path p = state_path(o) / ("scales_" + std::to_string(g) + ".json");
-  const nlohmann::json j = read_json(p);
+  const nlohmann::json j = read_state_json(p.string());
   for (const auto& [name, c] : j.items()) s.choices[name].scale = c.get<std::vector<float>>();
 }
 
@@ -181,10 +179,7 @@ ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter:
     return base;
   }
   if (o.resume) {
-    const nlohmann::json c = read_json(dir / "checkpoint.json");
-    if (c.at("settings") != resume_settings(o))
-      throw Error("--resume: " + dir.string() + " was written with other flags; give the same flags or run "
-                  "without --resume");
+    const nlohmann::json c = read_resumable_state((dir / "checkpoint.json").string(), o);
     base.resume_bytes = c.at("data_bytes").get<uint64_t>();
     return base;
   }
@@ -218,7 +213,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   size_t first = 0;
   std::error_code ec;
   if (o.resume && fs::exists(dir / "checkpoint.json", ec)) {
-    const nlohmann::json c = read_json(dir / "checkpoint.json");
+    const nlohmann::json c = read_state_json((dir / "checkpoint.json").string());
     first = c.at("layers_done").get<size_t>();
     std::vector<std::string> log;
     for (const auto& h : c.at("inline_log")) log.push_back(unhex(h.get<std::string>()));

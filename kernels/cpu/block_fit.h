@@ -322,21 +322,30 @@ inline FloatZeroParams hqq_block_float(const float* x, int64_t n, int bits, DTyp
     p.scale = mx - mn;  // NaN/Inf in the weight: the caller reports it
     return p;
   }
-  if (!(mx > mn)) {  // a constant block: min/max RTN over [min(c, 0), max(c, 0)] puts c on a level
+  // Min/max RTN over [min(mn, 0), max(mx, 0)] (0 on the grid, an integer zero point): for a constant block,
+  // where it puts the value on a level, and for a z past the float type's range (a narrow block far from 0).
+  const auto min_max = [&] {
     const BlockParams b = block_params_zero_point(std::min(mn, 0.0f), std::max(mx, 0.0f), bits, st);
-    p.scale = b.scale, p.zero = float(b.zero_point);
-    return p;
-  }
+    return FloatZeroParams{b.scale, float(b.zero_point)};
+  };
+  if (!(mx > mn)) return min_max();
   float is = 0;
   const float z = hqq_zero(x, n, mn, mx, bits, o, true, &is);
   p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
   p.zero = round_to(st, z);
-  if (!std::isfinite(p.zero)) {  // past the float type's range (a narrow block far from 0): min/max instead
-    const BlockParams b = block_params_zero_point(std::min(mn, 0.0f), std::max(mx, 0.0f), bits, st);
-    p.scale = b.scale, p.zero = float(b.zero_point);
-    return p;
-  }
+  if (!std::isfinite(p.zero)) return min_max();
   return o.refit_scale ? refit_float_zero(x, n, p, bits, t, st) : p;
+}
+
+// Calls drive(fit) with the block fit `o` selects: hqq_block (integer zero points, BlockParams) or
+// hqq_block_float (FloatZeroParams). drive is the per-block loop (search_ref.cc's serial one, or
+// search_fast.cc's parallel one); both instantiate it for either parameter type.
+template <class Drive>
+void with_hqq_fit(int bits, DType t, DType st, const HqqOptions& o, const Drive& drive) {
+  if (o.float_zero_point)
+    drive([&](const float* x, int64_t n) { return hqq_block_float(x, n, bits, t, st, o); });
+  else
+    drive([&](const float* x, int64_t n) { return hqq_block(x, n, bits, t, st, o); });
 }
 
 // What the per-block drivers (search_ref.cc, search_fast.cc) do with a block's parameters, for either

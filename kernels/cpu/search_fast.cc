@@ -66,14 +66,8 @@ void rtn_lsq_fast(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchO
 void hqq_fast(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) {
   if (!spec.zero_point) throw std::invalid_argument("hqq: needs zero points (spec.zero_point)");
   const DType st = scale_type(spec, w.dtype);
-  if (opt.float_zero_point)
-    each_block_parallel(w, spec, out, [&](const float* x, int64_t n) {
-      return fit::hqq_block_float(x, n, spec.bits, w.dtype, st, opt);
-    });
-  else
-    each_block_parallel(w, spec, out, [&](const float* x, int64_t n) {
-      return fit::hqq_block(x, n, spec.bits, w.dtype, st, opt);
-    });
+  fit::with_hqq_fit(spec.bits, w.dtype, st, opt,
+                    [&](const auto& block_fit) { each_block_parallel(w, spec, out, block_fit); });
 }
 
 }  // namespace nibble::kernels

@@ -97,14 +97,19 @@ def test_resume_after_sigkill_is_byte_identical(nibble, llama, tmp_path):
     assert folder_digest(str(out.parent)) == folder_digest(str(straight.parent))
 
 
-def test_resume_with_other_flags_refused(nibble, llama, tmp_path):
+def resume_over_stale_state(nibble, llama, tmp_path, name, state, *flags):
+    """--resume of tmp_path/m.onnx where the state folder holds only `name` = `state` (other flags)."""
     spec, path, npz, root = llama
-    out = tmp_path / "m.onnx"
-    state = tmp_path / ".m.onnx.layers"
-    state.mkdir()
-    (state / "checkpoint.json").write_text(json.dumps({"settings": {"algo": "other"}, "layers_done": 1}))
-    r = nibble.quantize(path, str(out), "--algo", "awq_lite", "--layer_by_layer", "--resume", *calib_args(npz),
-                        check=False)
+    folder = tmp_path / ".m.onnx.layers"
+    folder.mkdir()
+    (folder / name).write_text(json.dumps(state))
+    return nibble.quantize(path, str(tmp_path / "m.onnx"), *flags, "--layer_by_layer", "--resume", *calib_args(npz),
+                           check=False)
+
+
+def test_resume_with_other_flags_refused(nibble, llama, tmp_path):
+    r = resume_over_stale_state(nibble, llama, tmp_path, "checkpoint.json",
+                                {"settings": {"algo": "other"}, "layers_done": 1}, "--algo", "awq_lite")
     assert r.returncode != 0
     assert "written with other flags" in r.stderr.strip().splitlines()[-1]
 

@@ -23,7 +23,8 @@ import onnx
 import pytest
 
 from .conftest import REPO, folder_digest
-from .test_layers import LAYERS, SAMPLES, SEQ, calib_args, initializers, llama  # noqa: F401 (llama: a fixture)
+from .test_layers import (LAYERS, SAMPLES, SEQ, calib_args, initializers, llama,  # noqa: F401 (llama: a fixture)
+                          resume_over_stale_state)
 
 SMOLLM2 = "/work/golden/smollm2-fp32/model.onnx"
 SMOLLM2_CALIB = "/work/golden/calib_fp32.npz"
@@ -192,13 +193,9 @@ def test_resume_second_sweep_without_calibration(nibble, tmp_path):
 
 
 def test_resume_sweep_with_other_flags_refused(nibble, llama, tmp_path):
-    spec, path, npz, root = llama
-    out = tmp_path / "m.onnx"
-    state = tmp_path / ".m.onnx.layers"
-    state.mkdir()
-    (state / "sensitivity_0.json").write_text(json.dumps({"settings": {"algo": "other"}, "errors": {}}))
-    r = nibble.quantize(path, str(out), "--algo", "awq_lite", "--mixed_strategy", "sensitivity", "--layer_by_layer",
-                        "--resume", *calib_args(npz), check=False)
+    r = resume_over_stale_state(nibble, llama, tmp_path, "sensitivity_0.json",
+                                {"settings": {"algo": "other"}, "errors": {}}, "--algo", "awq_lite",
+                                "--mixed_strategy", "sensitivity")
     assert r.returncode != 0
     assert "written with other flags" in r.stderr.strip().splitlines()[-1]
 

@@ -24,7 +24,7 @@ std::unique_ptr<Backend> make_emulated(const BackendOptions& o, std::string* why
 #ifdef NIBBLE_WITH_CUDA_EMULATED
   const uint64_t budget = o.device_memory ? o.device_memory : gpu::kEmulatedDefaultBudget;
   if (why) *why = "device cuda_emulated (requested): the CUDA backend on the host, device memory budget " + mib(budget);
-  return gpu::make_emulated_cuda_backend(budget, make_reference_backend());
+  return gpu::make_emulated_cuda_backend(budget, make_cpu_backend());
 #else
   (void)o;
   (void)why;
@@ -67,7 +67,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o, std::string* why)
     if (why)
       *why = std::string("device ") + (o.device == Device::kCuda ? "cuda (requested)" : "auto") + ": " +
              cuda::device_name() + ", device memory budget " + mib(budget);
-    return cuda::make_backend(budget, make_reference_backend());
+    return cuda::make_backend(budget, make_cpu_backend());
   }
   reason = "no usable CUDA device (" + reason + ")";
 #else

@@ -6,6 +6,7 @@
 // Layouts: a weight is a WeightMatrix in its stored layout ([K, N] or [N, K], see quant_types.h);
 // per-channel vectors (scales s, energies) have K values; Gram matrices are K x K row-major.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,24 @@ struct DeviceMemoryUse {
   uint64_t peak = 0;
 };
 
+// What one operation of a device backend moved and launched (the transfer ledger): bytes copied host to
+// device and back, device allocations that reached the device (not served by the pool), kernel and
+// BLAS launches, and whether any of its work ran on the host instead of the device.
+struct OpTransfers {
+  uint64_t h2d_bytes = 0;
+  uint64_t d2h_bytes = 0;
+  uint64_t allocations = 0;
+  uint64_t launches = 0;
+  uint64_t calls = 0;
+  bool host_fallback = false;
+};
+
+// The ledger of a run: totals and one entry per operation name (the Backend method's name).
+struct TransferLedger {
+  OpTransfers total;
+  std::map<std::string, OpTransfers> ops;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -84,6 +103,9 @@ class Backend {
   virtual std::string name() const = 0;
   virtual std::string describe() const = 0;
   virtual DeviceMemoryUse device_memory() const { return {}; }
+  // The transfer ledger of a device backend; null for the CPU, where a tensor is host memory and
+  // nothing moves.
+  virtual const TransferLedger* transfer_ledger() const { return nullptr; }
 
   // ---- Round to nearest (rtn_ref.h)
   // Plain RTN of one weight, ModelOpt's formulas.

@@ -63,6 +63,15 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"verbose", o.verbose}};
 }
 
+nlohmann::json ledger_to_json(const kernels::TransferLedger& l) {
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [name, t] : l.ops)
+    ops[name] = {{"calls", t.calls},       {"h2d_bytes", t.h2d_bytes}, {"d2h_bytes", t.d2h_bytes},
+                 {"allocations", t.allocations}, {"launches", t.launches}, {"host_fallback", t.host_fallback}};
+  return {{"h2d_bytes", l.total.h2d_bytes}, {"d2h_bytes", l.total.d2h_bytes}, {"allocations", l.total.allocations},
+          {"launches", l.total.launches},   {"host_fallback", l.total.host_fallback}, {"ops", ops}};
+}
+
 void write_json_file(const std::string& path, const nlohmann::json& report) {
   namespace fs = std::filesystem;
   std::error_code ec;

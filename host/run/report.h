@@ -6,10 +6,15 @@
 #include <string>
 
 #include "host/options.h"
+#include "kernels/backend.h"
 
 namespace nibble {
 
 nlohmann::json options_to_json(const QuantizeOptions& o);
+
+// A device backend's transfer ledger as the report's `summary.device`: {h2d_bytes, d2h_bytes,
+// allocations, launches, ops: {NAME: {calls, h2d_bytes, d2h_bytes, allocations, launches, host_fallback}}}.
+nlohmann::json ledger_to_json(const kernels::TransferLedger& l);
 
 // Writes `report` to `path` through a temporary name (no half-written report). Throws Error.
 void write_json_file(const std::string& path, const nlohmann::json& report);

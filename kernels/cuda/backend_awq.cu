@@ -21,7 +21,7 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
   // W ⊙ s: fp32 when each block picks a clip ratio (scales rounded to the weight dtype), else rounded.
   const int qdt = clip ? int(DType::kFloat32) : v.dtype;
   DeviceBuffer<uint8_t> scaled(*dev_, size_t(n) * (clip ? 4 : dtype_size(DType(v.dtype))));
-  launch(n, ScaleBody{v.data, v.dtype, qdt, v.cols, v.k_axis, s_d.get(), scaled.get()});
+  launch(*dev_, n, ScaleBody{v.data, v.dtype, qdt, v.cols, v.k_axis, s_d.get(), scaled.get()});
   const WeightView sv{scaled.get(), qdt, v.rows, v.cols, v.k_axis};
   QuantSpec qs = spec;
   if (clip) qs.scale_dtype = DType(v.dtype);
@@ -29,15 +29,15 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
   const BlockShape shape{spec.bits, spec.block, spec.zero_point, int(scale_type(qs, DType(qdt)))};
   if (clip) {
     DeviceBuffer<float> energy(*dev_, size_t(K));
-    launch(K, EnergyF32Body{diag, s_d.get(), energy.get()});
+    launch(*dev_, K, EnergyF32Body{diag, s_d.get(), energy.get()});
     const DeviceBuffer<float> r = upload(clip->data(), clip->size());
-    launch(int64_t(q.scales.size()), RtnWeightedBody{sv, shape, q.out(), energy.get(), r.get(), int64_t(clip->size())});
+    launch(*dev_, int64_t(q.scales.size()), RtnWeightedBody{sv, shape, q.out(), energy.get(), r.get(), int64_t(clip->size())});
     dev_->synchronize();
   } else {
-    launch(int64_t(q.scales.size()), RtnBody{sv, shape, q.out()});
+    launch(*dev_, int64_t(q.scales.size()), RtnBody{sv, shape, q.out()});
   }
   DeviceBuffer<float> d(*dev_, size_t(n));
-  launch(n, AwqDiffBody{v, q.codes.get(), q.scales.get(), spec.zero_point ? q.zero_points.get() : nullptr, spec.block,
+  launch(*dev_, n, AwqDiffBody{v, q.codes.get(), q.scales.get(), spec.zero_point ? q.zero_points.get() : nullptr, spec.block,
                         qdt, s_d.get(), d.get()});
   dev_->synchronize();
   return d;
@@ -52,8 +52,8 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
   const int m = int(width), k = int(K);
   DeviceBuffer<float> y(*dev_, size_t(width * gram_rows));
   if (g.upper && resident && gram_rows == K) {
-    la_->strmm(Side::kRight, Fill::kLower, Op::kN, m, k, 1.0f, resident, k, d.get(), m, y.get(), m);
-    launch(width, ColumnDotBody{y.get(), y.get(), K, width, acc});
+    la().strmm(Side::kRight, Fill::kLower, Op::kN, m, k, 1.0f, resident, k, d.get(), m, y.get(), m);
+    launch(*dev_, width, ColumnDotBody{y.get(), y.get(), K, width, acc});
     dev_->synchronize();
     return;
   }
@@ -67,11 +67,11 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
       rows = panel.get();
     }
     if (g.upper) {  // U's rows r0.. are zero left of r0: (U D)[r0:] = X[:, r0:] (Uᵀ)[r0:, r0:r0+nr]
-      la_->sgemm(Op::kN, Op::kN, m, int(nr), int(K - r0), 1.0f, d.get() + r0 * width, m, rows + r0, k, 0.0f, y.get(), m);
-      launch(width, ColumnDotBody{y.get(), y.get(), nr, width, acc});
+      la().sgemm(Op::kN, Op::kN, m, int(nr), int(K - r0), 1.0f, d.get() + r0 * width, m, rows + r0, k, 0.0f, y.get(), m);
+      launch(*dev_, width, ColumnDotBody{y.get(), y.get(), nr, width, acc});
     } else {
-      la_->sgemm(Op::kN, Op::kN, m, int(nr), k, 1.0f, d.get(), m, rows, k, 0.0f, y.get(), m);
-      launch(width, ColumnDotBody{d.get() + r0 * width, y.get(), nr, width, acc});
+      la().sgemm(Op::kN, Op::kN, m, int(nr), k, 1.0f, d.get(), m, rows, k, 0.0f, y.get(), m);
+      launch(*dev_, width, ColumnDotBody{d.get() + r0 * width, y.get(), nr, width, acc});
     }
     dev_->synchronize();
   }
@@ -80,6 +80,7 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
 std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
                                             const QuantSpec& spec, const GramForm& g,
                                             const std::vector<float>* clip) {
+  const OpScope op(*dev_, "awq_losses");
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   if (g.K != K || !g.gram32) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
@@ -125,6 +126,7 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
 }
 
 std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t K) {
+  const OpScope op(*dev_, "gram_cholesky_upper");
   double dmax = 0;  // the shift's scale, from K values on the host
   for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
   if (!(dmax > 0) || !std::isfinite(dmax)) return {};
@@ -134,12 +136,12 @@ std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t 
   DeviceBuffer<double> a(*dev_, size_t(K * K));
   for (double shift : {0.0, 1e-12, 1e-9}) {
     dev_->to_device(a.get(), gram, a.bytes());
-    if (shift > 0) launch(K, ShiftDiagonalBody{a.get(), K, shift * dmax});
+    if (shift > 0) launch(*dev_, K, ShiftDiagonalBody{a.get(), K, shift * dmax});
     // The row-major array read column-major is Gᵀ = G; the lower factor L (G = L Lᵀ), column-major,
     // is Lᵀ = U row-major.
-    if (la_->dpotrf(Fill::kLower, int(K), a.get(), int(K)) != 0) continue;
+    if (la().dpotrf(Fill::kLower, int(K), a.get(), int(K)) != 0) continue;
     DeviceBuffer<float> u(*dev_, size_t(K * K));
-    launch(K * K, UpperFloatBody{a.get(), K, u.get()});
+    launch(*dev_, K * K, UpperFloatBody{a.get(), K, u.get()});
     return download(u);
   }
   return {};

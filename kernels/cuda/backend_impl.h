@@ -3,10 +3,11 @@
 // which. Everything below the Backend interface goes through DeviceLayer (memory, copies) and
 // LinAlg (BLAS), both chosen at construction.
 //
-// On the host, through `host_` (a reference backend): awq_scale (K values; a GPU's powf is not
-// libm's, and the codes depend on these bits), clip_search_modelopt and awq_weight_mean_joint
-// (ModelOpt-mode only), gptq_factor, gptq_quantize and dequantize, rtn_lsq and hqq (their per-block
-// searches branch per candidate and iteration, and hqq's powf is libm's on the host): no device versions yet.
+// On the host, through `host_` (the threaded CPU backend), each entered in the transfer ledger as a
+// host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits),
+// clip_search_modelopt and awq_weight_mean_joint (ModelOpt-mode only), gptq_factor, gptq_quantize and
+// dequantize, rtn_lsq and hqq (their per-block searches branch per candidate and iteration, and hqq's
+// powf is libm's on the host): no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -39,40 +40,50 @@ struct DeviceQuant {
 };
 
 class CudaBackend final : public Backend {
+  // An operation that runs on the host backend: entered in the ledger as a host fallback. (Defined
+  // before the members that use it: its return type is deduced.)
+  template <class F>
+  auto on_host(const char* op, const F& f) {
+    const OpScope scope(*dev_, op);
+    dev_->count_host_fallback();
+    return f(*host_);
+  }
+
  public:
   CudaBackend(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la, std::unique_ptr<Backend> host)
       : dev_(std::move(dev)), la_(std::move(la)), host_(std::move(host)) {}
   std::string name() const override { return dev_->name(); }
   std::string describe() const override;
   DeviceMemoryUse device_memory() const override { return {dev_->budget(), dev_->peak()}; }
+  const TransferLedger* transfer_ledger() const override { return &dev_->ledger(); }
 
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
                     const std::vector<float>& ratios, QuantResult& out) override;
   void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
   void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override {
-    host_->rtn_lsq(w, spec, opt, out);
+    on_host("rtn_lsq", [&](Backend& h) { return h.rtn_lsq(w, spec, opt, out); });
   }
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
-    host_->hqq(w, spec, opt, out);
+    on_host("hqq", [&](Backend& h) { return h.hqq(w, spec, opt, out); });
   }
   std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
   GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp, bool act_order) override {
-    return host_->gptq_factor(gram, K, inv_s, percdamp, act_order);
+    return on_host("gptq_factor", [&](Backend& h) { return h.gptq_factor(gram, K, inv_s, percdamp, act_order); });
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {
-    host_->gptq_quantize(w, spec, f, opt, out);
+    on_host("gptq_quantize", [&](Backend& h) { return h.gptq_quantize(w, spec, f, opt, out); });
   }
   std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override {
-    return host_->awq_weight_mean_joint(siblings, block);
+    return on_host("awq_weight_mean_joint", [&](Backend& h) { return h.awq_weight_mean_joint(siblings, block); });
   }
   std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                double alpha) override {
-    return host_->awq_scale(x_mean, w_mean, alpha);
+    return on_host("awq_scale", [&](Backend& h) { return h.awq_scale(x_mean, w_mean, alpha); });
   }
   std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) override;
   std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override;
@@ -82,14 +93,14 @@ class CudaBackend final : public Backend {
                                  const std::vector<float>* clip_ratios) override;
   std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
                                           const std::vector<double>& ratios, int64_t bsz_col) override {
-    return host_->clip_search_modelopt(w, spec, x, T, ratios, bsz_col);
+    return on_host("clip_search_modelopt", [&](Backend& h) { return h.clip_search_modelopt(w, spec, x, T, ratios, bsz_col); });
   }
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
   std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;
   std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
                                   DType out) override {
-    return host_->dequantize(shape, spec, q, out);
+    return on_host("dequantize", [&](Backend& h) { return h.dequantize(shape, spec, q, out); });
   }
   std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
                                                const QuantResult& q, int64_t layout_block) override;
@@ -98,6 +109,11 @@ class CudaBackend final : public Backend {
                                                     const QuantResult& q) override;
 
  private:
+  // The linear-algebra layer; every call is one launch (a cuBLAS/cuSOLVER kernel sequence) in the ledger.
+  LinAlg& la() {
+    dev_->count_launch();
+    return *la_;
+  }
   // Columns of a panel that fit beside `fixed` bytes when each column needs `per_column` bytes.
   int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
   Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);

@@ -37,9 +37,9 @@ std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float
     dev_->to_device(in.get(), static_cast<const uint8_t*>(w.data) + size_t(r0 * w.cols) * in_sz, in.bytes());
     const float* vp = v_d.get() + (by_row ? r0 : 0);
     if (mode == kDivide)
-      launch(n, DivideColumnsBody{in.get(), int(w.dtype), w.cols, w.k_axis, vp, res.get()});
+      launch(*dev_, n, DivideColumnsBody{in.get(), int(w.dtype), w.cols, w.k_axis, vp, res.get()});
     else  // ScaleBody indexes s by i / cols for k_axis 0: rows of this panel, hence the offset
-      launch(n, ScaleBody{in.get(), int(w.dtype), int(out_t), w.cols, w.k_axis, vp, res.get()});
+      launch(*dev_, n, ScaleBody{in.get(), int(w.dtype), int(out_t), w.cols, w.k_axis, vp, res.get()});
     dev_->synchronize();
     dev_->to_host(out.data() + size_t(r0 * w.cols) * out_sz, res.get(), res.bytes());
   }
@@ -47,45 +47,52 @@ std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float
 }
 
 std::vector<uint8_t> CudaBackend::scale_weight(const WeightMatrix& w, const float* s) {
+  const OpScope op(*dev_, "scale_weight");
   return elementwise(w, s, size_t(w.K()), kScale);
 }
 std::vector<uint8_t> CudaBackend::scale_weight_f32(const WeightMatrix& w, const float* s) {
+  const OpScope op(*dev_, "scale_weight_f32");
   return elementwise(w, s, size_t(w.K()), kScaleF32);
 }
 std::vector<uint8_t> CudaBackend::divide_columns(const WeightMatrix& w, const float* d) {
+  const OpScope op(*dev_, "divide_columns");
   return elementwise(w, d, size_t(w.N()), kDivide);
 }
 
 std::vector<float> CudaBackend::awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) {
+  const OpScope op(*dev_, "awq_weight_mean");
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, block), M = contiguous ? G * N : G * block * N / block;
   const DeviceBuffer<uint8_t> data = upload(static_cast<const uint8_t*>(w.data), size_t(K * N) * dtype_size(w.dtype));
   const WeightView v{data.get(), int(w.dtype), w.rows, w.cols, w.k_axis};
   DeviceBuffer<float> amax(*dev_, size_t(M)), mean(*dev_, size_t(K));
-  launch(M, GroupAmaxBody{v, block, M, contiguous, amax.get()});
-  launch(K, WeightMeanBody{v, block, M, contiguous, amax.get(), mean.get()});
+  launch(*dev_, M, GroupAmaxBody{v, block, M, contiguous, amax.get()});
+  launch(*dev_, K, WeightMeanBody{v, block, M, contiguous, amax.get(), mean.get()});
   return download(mean);
 }
 
 std::vector<float> CudaBackend::mean_of(const std::vector<const std::vector<float>*>& v) {
+  const OpScope op(*dev_, "mean_of");
   if (v.empty()) return {};
   const int64_t m = int64_t(v.size()), K = int64_t(v[0]->size());
   DeviceBuffer<float> in(*dev_, size_t(m * K)), out(*dev_, size_t(K));
   for (int64_t j = 0; j < m; ++j) dev_->to_device(in.get() + j * K, v[size_t(j)]->data(), size_t(K) * 4);
-  launch(K, MeanOfBody{in.get(), m, K, out.get()});
+  launch(*dev_, K, MeanOfBody{in.get(), m, K, out.get()});
   return download(out);
 }
 
 std::vector<float> CudaBackend::channel_energy(const double* gram, int64_t K, const float* s) {
+  const OpScope op(*dev_, "channel_energy");
   // Only the diagonal goes to the device: a 2-D copy of one element per row.
   DeviceBuffer<double> diag(*dev_, size_t(K));
   dev_->to_device_2d(diag.get(), 8, gram, size_t(K + 1) * 8, 8, size_t(K));
   const DeviceBuffer<float> s_d = s ? upload(s, size_t(K)) : DeviceBuffer<float>();
   DeviceBuffer<float> out(*dev_, size_t(K));
-  launch(K, EnergyF64Body{diag.get(), s ? s_d.get() : nullptr, out.get()});
+  launch(*dev_, K, EnergyF64Body{diag.get(), s ? s_d.get() : nullptr, out.get()});
   return download(out);
 }
 
 std::vector<uint8_t> CudaBackend::pack_onnx(const std::vector<uint8_t>& codes, int bits) {
+  const OpScope op(*dev_, "pack_onnx");
   if (bits == 8) return codes;
   if (bits != 4) throw std::invalid_argument("pack_onnx: bits must be 4 or 8");
   const int64_t n = int64_t(codes.size());
@@ -96,7 +103,7 @@ std::vector<uint8_t> CudaBackend::pack_onnx(const std::vector<uint8_t>& codes, i
     const int64_t cn = std::min(2 * pairs, n - c0), bytes = (cn + 1) / 2;
     const DeviceBuffer<uint8_t> in = upload(codes.data() + c0, size_t(cn));
     DeviceBuffer<uint8_t> res(*dev_, size_t(bytes));
-    launch(bytes, PackOnnxBody{in.get(), cn, res.get()});
+    launch(*dev_, bytes, PackOnnxBody{in.get(), cn, res.get()});
     dev_->synchronize();
     dev_->to_host(out.data() + c0 / 2, res.get(), res.bytes());
   }
@@ -105,6 +112,7 @@ std::vector<uint8_t> CudaBackend::pack_onnx(const std::vector<uint8_t>& codes, i
 
 std::vector<uint8_t> CudaBackend::pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
                                                           const QuantResult& q, int64_t layout_block) {
+  const OpScope op(*dev_, "pack_matmulnbits_weight");
   const int64_t K = shape.K(), N = shape.N(), G = q.groups;
   if (layout_block != spec.block && G != 1)
     throw std::invalid_argument("pack_matmulnbits_weight: padded layout needs a single block");
@@ -114,25 +122,27 @@ std::vector<uint8_t> CudaBackend::pack_matmulnbits_weight(const WeightMatrix& sh
       spec.zero_point ? upload(q.zero_points.data(), q.zero_points.size()) : DeviceBuffer<uint8_t>();
   DeviceBuffer<uint8_t> out(*dev_, size_t(N * G * blob));
   const ParamLayout l{K, N, G, shape.k_axis};
-  launch(N * G * blob, PackNBitsBody{l, codes.get(), spec.zero_point ? zp.get() : nullptr, spec.bits, spec.block,
+  launch(*dev_, N * G * blob, PackNBitsBody{l, codes.get(), spec.zero_point ? zp.get() : nullptr, spec.bits, spec.block,
                                      layout_block, blob, out.get()});
   return download(out);
 }
 
 std::vector<float> CudaBackend::matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) {
+  const OpScope op(*dev_, "matmulnbits_scales");
   const int64_t N = shape.N(), G = q.groups;
   const DeviceBuffer<float> in = upload(q.scales.data(), q.scales.size());
   DeviceBuffer<float> out(*dev_, size_t(N * G));
-  launch(N * G, NBitsScalesBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), out.get()});
+  launch(*dev_, N * G, NBitsScalesBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), out.get()});
   return download(out);
 }
 
 std::vector<uint8_t> CudaBackend::pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
                                                                const QuantResult& q) {
+  const OpScope op(*dev_, "pack_matmulnbits_zero_points");
   const int64_t N = shape.N(), G = q.groups, row = spec.bits == 8 ? G : (G + 1) / 2;
   const DeviceBuffer<uint8_t> in = upload(q.zero_points.data(), q.zero_points.size());
   DeviceBuffer<uint8_t> out(*dev_, size_t(N * row));
-  launch(N * row, NBitsZeroPointsBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), spec.bits, row, out.get()});
+  launch(*dev_, N * row, NBitsZeroPointsBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), spec.bits, row, out.get()});
   return download(out);
 }
 

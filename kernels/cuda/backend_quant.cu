@@ -102,22 +102,25 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
 }
 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
+  const OpScope op(*dev_, "rtn");
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
-    launch(int64_t(q.scales.size()), RtnBody{p.view, shape_of(spec, w.dtype), q.out()});
+    launch(*dev_, int64_t(q.scales.size()), RtnBody{p.view, shape_of(spec, w.dtype), q.out()});
   });
 }
 
 void CudaBackend::rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw,
                                const std::vector<float>& ratios, QuantResult& out) {
+  const OpScope op(*dev_, "rtn_weighted");
   if (ratios.empty()) throw std::invalid_argument("rtn_quantize_weighted: no clip ratio to try");
   const DeviceBuffer<float> cw_d = upload(cw, size_t(w.K())), r_d = upload(ratios.data(), ratios.size());
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
-    launch(int64_t(q.scales.size()),
+    launch(*dev_, int64_t(q.scales.size()),
            RtnWeightedBody{p.view, shape_of(spec, w.dtype), q.out(), cw_d.get(), r_d.get(), int64_t(ratios.size())});
   });
 }
 
 void CudaBackend::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) {
+  const OpScope op(*dev_, "rtn_ratios");
   check(spec);
   const int64_t G = num_blocks(w.K(), spec.block);
   QuantSpec sym = spec;
@@ -125,7 +128,7 @@ void CudaBackend::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const
   quantize_panels(w, sym, 0, out, [&](Panel& p, DeviceQuant& q) {
     // This panel's ratios: rows n0 .. n0 + width of [N, G].
     const DeviceBuffer<float> r = upload(ratio_ng + p.n0 * G, size_t(p.width * G));
-    launch(int64_t(q.scales.size()), RtnRatiosBody{p.view, shape_of(sym, w.dtype), q.out(), r.get()});
+    launch(*dev_, int64_t(q.scales.size()), RtnRatiosBody{p.view, shape_of(sym, w.dtype), q.out(), r.get()});
     dev_->synchronize();
   });
 }
@@ -133,6 +136,7 @@ void CudaBackend::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const
 void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
                                      int64_t gram_block, const float* inv_s, const GramClipOptions& opt,
                                      QuantResult& out) {
+  const OpScope op(*dev_, "clip_quantize_gram");
   check(spec);
   if (gram_block != 0 && gram_block != spec.block) throw std::invalid_argument("gram_block must be 0 or the block");
   const int64_t K = w.K(), B = spec.block, G = num_blocks(K, B);
@@ -153,7 +157,7 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
       }
     }
     const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();
-    launch(G * B * B, GramBlocksBody{src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
+    launch(*dev_, G * B * B, GramBlocksBody{src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
     dev_->synchronize();
   }
   const DeviceBuffer<float> r_d = upload(ratios.data(), ratios.size());
@@ -169,15 +173,15 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
         DeviceBuffer<double> best_loss(*dev_, size_t(cells));
         DeviceBuffer<int> best_ci(*dev_, size_t(cells));
         dev_->fill_zero(d.get(), d.bytes());  // the rows of a partial last block past K stay zero
-        launch(cells, ClipRangeBody{p.view, shape, range.get()});
+        launch(*dev_, cells, ClipRangeBody{p.view, shape, range.get()});
         for (int64_t ci = 0; ci < C; ++ci) {
-          launch(K * wd, ClipResidualBody{p.view, shape, range.get(), r_d.get(), R, ci, d.get()});
+          launch(*dev_, K * wd, ClipResidualBody{p.view, shape, range.get(), r_d.get(), R, ci, d.get()});
           // E_g = G_g · D_g for every block g: column-major, D_g is the [wd, B] matrix D_gᵀ.
-          la_->sgemm_strided_batched(Op::kN, Op::kN, int(wd), int(B), int(B), 1.0f, d.get(), int(wd), B * wd,
+          la().sgemm_strided_batched(Op::kN, Op::kN, int(wd), int(B), int(B), 1.0f, d.get(), int(wd), B * wd,
                                      gb.get(), int(B), B * B, 0.0f, e.get(), int(wd), B * wd, int(G));
-          launch(cells, ClipLossBody{K, wd, B, ci, d.get(), e.get(), best_loss.get(), best_ci.get()});
+          launch(*dev_, cells, ClipLossBody{K, wd, B, ci, d.get(), e.get(), best_loss.get(), best_ci.get()});
         }
-        launch(cells, ClipWriteBody{p.view, shape, q.out(), range.get(), r_d.get(), R, best_ci.get()});
+        launch(*dev_, cells, ClipWriteBody{p.view, shape, q.out(), range.get(), r_d.get(), R, best_ci.get()});
       },
       scratch);
 }

@@ -18,14 +18,7 @@ class RuntimeDevice final : public DeviceLayer {
   using DeviceLayer::DeviceLayer;
   std::string name() const override { return "cuda"; }
   std::string describe() const override { return "cuda: " + cuda::device_name(); }
-  void to_device(void* d, const void* s, size_t n) override { check(cudaMemcpy(d, s, n, cudaMemcpyHostToDevice), "copy to device"); }
-  void to_host(void* d, const void* s, size_t n) override { check(cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost), "copy to host"); }
-  void to_device_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {
-    check(cudaMemcpy2D(d, dp, s, sp, w, h, cudaMemcpyHostToDevice), "2-D copy to device");
-  }
-  void to_host_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {
-    check(cudaMemcpy2D(d, dp, s, sp, w, h, cudaMemcpyDeviceToHost), "2-D copy to host");
-  }
+  ~RuntimeDevice() override { drain_pool(); }
   void fill_zero(void* d, size_t n) override { check(cudaMemset(d, 0, n), "memset"); }
   void synchronize() override { check(cudaDeviceSynchronize(), "kernel"); }
 
@@ -35,6 +28,18 @@ class RuntimeDevice final : public DeviceLayer {
     return cudaMalloc(&p, n) == cudaSuccess ? p : nullptr;
   }
   void raw_release(void* p) override { cudaFree(p); }
+  void raw_to_device(void* d, const void* s, size_t n) override {
+    check(cudaMemcpy(d, s, n, cudaMemcpyHostToDevice), "copy to device");
+  }
+  void raw_to_host(void* d, const void* s, size_t n) override {
+    check(cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost), "copy to host");
+  }
+  void raw_to_device_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {
+    check(cudaMemcpy2D(d, dp, s, sp, w, h, cudaMemcpyHostToDevice), "2-D copy to device");
+  }
+  void raw_to_host_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {
+    check(cudaMemcpy2D(d, dp, s, sp, w, h, cudaMemcpyDeviceToHost), "2-D copy to host");
+  }
 };
 
 }  // namespace

@@ -6,8 +6,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+
+#include "kernels/backend.h"
 
 namespace nibble::kernels::gpu {
 
@@ -22,22 +25,33 @@ class DeviceLayer {
   virtual std::string describe() const = 0;
 
   // Device memory within the budget: throws std::runtime_error naming the request, the budget and
-  // what is in use when it does not fit. Sizes are counted rounded up to 256 bytes (cudaMalloc's
-  // granularity), so the emulated peak is what a GPU would hold.
+  // what is held when it does not fit. Sizes are counted rounded up to 256 bytes (cudaMalloc's
+  // granularity), so the emulated peak is what a GPU would hold. Pooled: a released block is kept
+  // for the next request of the same counted size (no cudaMalloc/cudaFree per operation); the pool
+  // is emptied when a request would not fit beside it. Held memory (in use + pooled) is what the
+  // budget bounds and what the peak reports.
   void* allocate(size_t bytes);
   void release(void* p, size_t bytes);
 
   // Copies (host <-> device, device <-> device); 2-D forms copy `height` rows of `width` bytes
-  // between pitched arrays, as cudaMemcpy2D. Synchronous: the backend uses one stream.
-  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
-  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
-  virtual void to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                            size_t height) = 0;
-  virtual void to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                          size_t height) = 0;
+  // between pitched arrays, as cudaMemcpy2D. Synchronous: the backend uses one stream. Each is
+  // entered in the transfer ledger under the current operation.
+  void to_device(void* dst, const void* src, size_t bytes);
+  void to_host(void* dst, const void* src, size_t bytes);
+  void to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+  void to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // Waits for the launches issued so far (a kernel error surfaces here).
   virtual void synchronize() = 0;
+
+  // The ledger: launches (kernels and BLAS/solver calls) and host fallbacks are reported by the
+  // backend; copies and allocations are counted here.
+  void count_launch(uint64_t n = 1);
+  void count_host_fallback();
+  const TransferLedger& ledger() const { return ledger_; }
+  // The operation that the counts go to; nested operations count towards the outermost one.
+  void begin_op(const char* name);
+  void end_op();
 
   uint64_t budget() const { return budget_; }
   uint64_t in_use() const { return in_use_; }
@@ -48,11 +62,38 @@ class DeviceLayer {
  protected:
   virtual void* raw_allocate(size_t bytes) = 0;  // nullptr when the device has no more memory
   virtual void raw_release(void* p) = 0;
+  virtual void raw_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void raw_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void raw_to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                size_t height) = 0;
+  virtual void raw_to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                              size_t height) = 0;
+  // Returns the pooled blocks to the device; an implementation's destructor calls it (the base's
+  // destructor can no longer reach raw_release).
+  void drain_pool();
 
  private:
+  void count(uint64_t OpTransfers::*field, uint64_t n);
+
   uint64_t budget_;
-  uint64_t in_use_ = 0;
+  uint64_t in_use_ = 0;  // held: live allocations + pooled blocks
   uint64_t peak_ = 0;
+  std::multimap<size_t, void*> pool_;  // counted size -> free block
+  TransferLedger ledger_;
+  OpTransfers* op_ = nullptr;
+  int op_depth_ = 0;
+};
+
+// Enters one Backend operation in the ledger for its lifetime.
+class OpScope {
+ public:
+  OpScope(DeviceLayer& dev, const char* name) : dev_(dev) { dev_.begin_op(name); }
+  ~OpScope() { dev_.end_op(); }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  DeviceLayer& dev_;
 };
 
 // Device memory for `n` elements of T, released when it goes out of scope.

@@ -12,14 +12,7 @@ class EmulatedDevice final : public DeviceLayer {
   using DeviceLayer::DeviceLayer;
   std::string name() const override { return "cuda_emulated"; }
   std::string describe() const override { return "emulated CUDA device (host memory)"; }
-  void to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-  void to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-  void to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) override {
-    copy_2d(dst, dpitch, src, spitch, width, height);
-  }
-  void to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) override {
-    copy_2d(dst, dpitch, src, spitch, width, height);
-  }
+  ~EmulatedDevice() override { drain_pool(); }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) std::memset(dst, 0, bytes);
   }
@@ -28,6 +21,16 @@ class EmulatedDevice final : public DeviceLayer {
  protected:
   void* raw_allocate(size_t bytes) override { return std::malloc(bytes); }
   void raw_release(void* p) override { std::free(p); }
+  void raw_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void raw_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void raw_to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                        size_t height) override {
+    copy_2d(dst, dpitch, src, spitch, width, height);
+  }
+  void raw_to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                      size_t height) override {
+    copy_2d(dst, dpitch, src, spitch, width, height);
+  }
 
  private:
   static void copy(void* dst, const void* src, size_t bytes) {

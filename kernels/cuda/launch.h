@@ -1,4 +1,5 @@
-// How a kernel body runs: one call per index of [0, n).
+// How a kernel body runs: one call per index of [0, n), entered in the device's transfer ledger as
+// one launch.
 //  - nvcc, on the GPU: one thread per index, through a kernel of our own. Thrust's for_each would do
 //    the same, but CUB's for_each kernel declares launch bounds that cap a thread at 32 registers on
 //    recent architectures, and the heavier bodies (weighted search, pairwise sums) then spill; ours
@@ -7,6 +8,8 @@
 //    over the indices on the host's threads. The body is the same source either way.
 #pragma once
 #include <cstdint>
+
+#include "kernels/cuda/device.h"
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -31,8 +34,9 @@ __global__ void __launch_bounds__(kLaunchThreads) for_each_index(Body body, int6
 }
 
 template <class Body>
-void launch(int64_t n, const Body& body) {
+void launch(DeviceLayer& dev, int64_t n, const Body& body) {
   if (n <= 0) return;
+  dev.count_launch();
   const int64_t blocks = (n + kLaunchThreads - 1) / kLaunchThreads;
   for_each_index<<<unsigned(blocks < 65535 * 32 ? blocks : 65535 * 32), kLaunchThreads>>>(body, n);
   const cudaError_t e = cudaGetLastError();
@@ -40,8 +44,9 @@ void launch(int64_t n, const Body& body) {
 }
 #else
 template <class Body>
-void launch(int64_t n, const Body& body) {
+void launch(DeviceLayer& dev, int64_t n, const Body& body) {
   if (n <= 0) return;
+  dev.count_launch();
   thrust::for_each(thrust::device, thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(n), body);
 }
 #endif

@@ -6,8 +6,7 @@
 // On the host, through `host_` (the threaded CPU backend), each entered in the transfer ledger as a
 // host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits),
 // clip_search_modelopt and awq_weight_mean_joint (ModelOpt-mode only), gptq_factor, gptq_quantize and
-// dequantize, rtn_lsq and hqq (their per-block searches branch per candidate and iteration, and hqq's
-// powf is libm's on the host): no device versions yet.
+// hqq (its powf must be libm's): no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -61,9 +60,7 @@ class CudaBackend final : public Backend {
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
                     const std::vector<float>& ratios, QuantResult& out) override;
   void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
-  void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override {
-    on_host("rtn_lsq", [&](Backend& h) { return h.rtn_lsq(w, spec, opt, out); });
-  }
+  void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override;
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     on_host("hqq", [&](Backend& h) { return h.hqq(w, spec, opt, out); });
   }
@@ -99,9 +96,7 @@ class CudaBackend final : public Backend {
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
   std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;
   std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
-                                  DType out) override {
-    return on_host("dequantize", [&](Backend& h) { return h.dequantize(shape, spec, q, out); });
-  }
+                                  DType out) override;
   std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
                                                const QuantResult& q, int64_t layout_block) override;
   std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) override;

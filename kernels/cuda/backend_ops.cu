@@ -146,6 +146,23 @@ std::vector<uint8_t> CudaBackend::pack_matmulnbits_zero_points(const WeightMatri
   return download(out);
 }
 
+std::vector<uint8_t> CudaBackend::dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
+                                             DType out_t) {
+  const OpScope op(*dev_, "dequantize");
+  const int64_t K = shape.K(), N = shape.N(), G = q.groups, n = shape.rows * shape.cols;
+  if (q.codes.size() != size_t(n) || q.scales.size() != size_t(G * N) || spec.block < 1 ||
+      (spec.zero_point && q.zero_points.size() != q.scales.size()))
+    throw std::invalid_argument("dequantize: codes, scales or zero points do not match the weight's shape");
+  const DeviceBuffer<uint8_t> codes = upload(q.codes.data(), q.codes.size());
+  const DeviceBuffer<float> scales = upload(q.scales.data(), q.scales.size());
+  const DeviceBuffer<uint8_t> zp =
+      spec.zero_point ? upload(q.zero_points.data(), q.zero_points.size()) : DeviceBuffer<uint8_t>();
+  DeviceBuffer<uint8_t> res(*dev_, size_t(n) * dtype_size(out_t));
+  launch(*dev_, n, DequantizeBody{ParamLayout{K, N, G, shape.k_axis}, spec.block, codes.get(), scales.get(),
+                                  spec.zero_point ? zp.get() : nullptr, int(out_t), res.get()});
+  return download(res);
+}
+
 std::unique_ptr<Backend> make(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la,
                               std::unique_ptr<Backend> host) {
   return std::make_unique<CudaBackend>(std::move(dev), std::move(la), std::move(host));

@@ -8,6 +8,7 @@
 #include "kernels/cuda/backend_impl.h"
 #include "kernels/cuda/clip_kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/search_kernels.h"
 
 namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
 namespace {
@@ -105,6 +106,15 @@ void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   const OpScope op(*dev_, "rtn");
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
     launch(*dev_, int64_t(q.scales.size()), RtnBody{p.view, shape_of(spec, w.dtype), q.out()});
+  });
+}
+
+void CudaBackend::rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt,
+                          QuantResult& out) {
+  const OpScope op(*dev_, "rtn_lsq");
+  quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
+    launch(*dev_, int64_t(q.scales.size()),
+           RtnLsqBody{p.view, shape_of(spec, w.dtype), q.out(), int(opt.weight), opt.steps});
   });
 }
 

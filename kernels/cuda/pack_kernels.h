@@ -75,4 +75,22 @@ struct NBitsZeroPointsBody {
   }
 };
 
+// The float weight s·(q − z) in the stored layout, rounded to the output type (dequantize_ref), one
+// thread per element, elements in stored order (coalesced).
+struct DequantizeBody {
+  ParamLayout l;
+  int64_t block;
+  const uint8_t* codes;
+  const float* scales;
+  const uint8_t* zero_points;  // null: symmetric (signed codes)
+  int out_dtype;
+  void* out;
+  NIBBLE_HD void operator()(int64_t i) const {
+    const int64_t k = l.k_axis == 0 ? i / l.N : i % l.K, n = l.k_axis == 0 ? i % l.N : i / l.K;
+    const int64_t pi = l.param(k / block, n);
+    const int code = zero_points ? int(codes[i]) - int(zero_points[pi]) : int(int8_t(codes[i]));
+    hd::store(out_dtype, out, i, hd::round_to(out_dtype, scales[pi] * float(code)));
+  }
+};
+
 }  // namespace nibble::kernels::gpu

@@ -35,6 +35,11 @@ std::unique_ptr<Backend> make_emulated(const BackendOptions& o, std::string* why
 
 }  // namespace
 
+std::vector<uint8_t> Backend::pack_onnx_codes(const QuantResult& q, int bits) {
+  if (bits == 4 && !q.packed.empty()) return q.packed;
+  return pack_onnx(q.codes, bits);
+}
+
 bool cuda_compiled() {
 #ifdef NIBBLE_WITH_CUDA
   return true;

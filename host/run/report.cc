@@ -64,12 +64,17 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
 }
 
 nlohmann::json ledger_to_json(const kernels::TransferLedger& l) {
-  nlohmann::json ops = nlohmann::json::object();
+  // The operations that ran on the host: the report's stages name the backend, and would otherwise
+  // claim the device did all the work.
+  nlohmann::json ops = nlohmann::json::object(), on_host = nlohmann::json::array();
+  for (const auto& [name, t] : l.ops)
+    if (t.host_fallback) on_host.push_back(name);
   for (const auto& [name, t] : l.ops)
     ops[name] = {{"calls", t.calls},       {"h2d_bytes", t.h2d_bytes}, {"d2h_bytes", t.d2h_bytes},
                  {"allocations", t.allocations}, {"launches", t.launches}, {"host_fallback", t.host_fallback}};
   return {{"h2d_bytes", l.total.h2d_bytes}, {"d2h_bytes", l.total.d2h_bytes}, {"allocations", l.total.allocations},
-          {"launches", l.total.launches},   {"host_fallback", l.total.host_fallback}, {"ops", ops}};
+          {"launches", l.total.launches},   {"host_fallback", l.total.host_fallback}, {"on_host", on_host},
+          {"ops", ops}};
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& report) {

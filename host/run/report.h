@@ -13,7 +13,8 @@ namespace nibble {
 nlohmann::json options_to_json(const QuantizeOptions& o);
 
 // A device backend's transfer ledger as the report's `summary.device`: {h2d_bytes, d2h_bytes,
-// allocations, launches, ops: {NAME: {calls, h2d_bytes, d2h_bytes, allocations, launches, host_fallback}}}.
+// allocations, launches, host_fallback, on_host: [NAME...], ops: {NAME: {calls, h2d_bytes, d2h_bytes,
+// allocations, launches, host_fallback}}}.
 nlohmann::json ledger_to_json(const kernels::TransferLedger& l);
 
 // Writes `report` to `path` through a temporary name (no half-written report). Throws Error.

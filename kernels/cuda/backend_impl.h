@@ -33,8 +33,10 @@ struct Panel {
 // A quantization result of one panel on the device.
 struct DeviceQuant {
   DeviceBuffer<uint8_t> codes, zero_points;
+  DeviceBuffer<uint8_t> packed;  // the codes in ONNX 4-bit packing, when they come back packed
   DeviceBuffer<float> scales;
-  DeviceBuffer<double> error;
+  DeviceBuffer<double> error;      // per block [G, width]
+  DeviceBuffer<double> col_error;  // per column [width]: what comes back
   QuantOut out() const { return QuantOut{codes.get(), scales.get(), zero_points.get(), error.get()}; }
 };
 
@@ -113,10 +115,10 @@ class CudaBackend final : public Backend {
   int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
   Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);
   DeviceQuant quant_buffers(const WeightView& v, const QuantSpec& spec);
-  // Copies a panel's codes, scales and zero points into `out` (laid out for the whole weight) and its
-  // block errors into err_gn ([G, N]).
-  void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
-                      QuantResult& out, std::vector<double>& err_gn);
+  // Copies a panel's codes (packed: into out.packed, else into out.codes), scales and zero points into
+  // `out` (laid out for the whole weight) and its per-column errors into err_n ([N]).
+  void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q, bool packed,
+                      QuantResult& out, std::vector<double>& err_n);
   // The RTN family: per column panel, `run(panel, panel buffers)` launches its bodies; the panel is
   // as wide as fits beside `fixed` bytes with `scratch_per_column` more bytes for each column.
   template <class Run>

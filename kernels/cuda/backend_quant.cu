@@ -8,6 +8,8 @@
 #include "kernels/cuda/backend_impl.h"
 #include "kernels/cuda/clip_kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/pack_kernels.h"
+#include "kernels/parallel.h"
 #include "kernels/cuda/search_kernels.h"
 
 namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
@@ -62,22 +64,54 @@ DeviceQuant CudaBackend::quant_buffers(const WeightView& v, const QuantSpec& spe
   return q;
 }
 
-void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
-                                 QuantResult& out, std::vector<double>& err_gn) {
+void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q,
+                                 bool packed, QuantResult& out, std::vector<double>& err_n) {
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block), n0 = p.n0, wd = p.width;
+  // Each column's error summed over its blocks on the device (g in order): one double a column comes back.
+  q.col_error = DeviceBuffer<double>(*dev_, size_t(wd));
+  launch(*dev_, wd, ColumnSumBody{q.error.get(), G, wd, q.col_error.get()});
+  if (packed) {
+    const int64_t n = K * wd;
+    q.packed = DeviceBuffer<uint8_t>(*dev_, size_t((n + 1) / 2));
+    launch(*dev_, (n + 1) / 2, PackOnnxBody{q.codes.get(), n, q.packed.get()});
+  }
   dev_->synchronize();
   if (w.k_axis == 0) {  // codes [K, N], params [G, N]: strided rows
-    dev_->to_host_2d(out.codes.data() + n0, size_t(N), q.codes.get(), size_t(wd), size_t(wd), size_t(K));
+    if (packed)  // N and wd even: each row of the panel is wd / 2 whole bytes of the packed weight
+      dev_->to_host_2d(out.packed.data() + n0 / 2, size_t(N / 2), q.packed.get(), size_t(wd / 2), size_t(wd / 2),
+                       size_t(K));
+    else
+      dev_->to_host_2d(out.codes.data() + n0, size_t(N), q.codes.get(), size_t(wd), size_t(wd), size_t(K));
     dev_->to_host_2d(out.scales.data() + n0, size_t(N) * 4, q.scales.get(), size_t(wd) * 4, size_t(wd) * 4, size_t(G));
     if (spec.zero_point)
       dev_->to_host_2d(out.zero_points.data() + n0, size_t(N), q.zero_points.get(), size_t(wd), size_t(wd), size_t(G));
   } else {  // codes [N, K], params [N, G]: consecutive rows
-    dev_->to_host(out.codes.data() + n0 * K, q.codes.get(), q.codes.bytes());
+    if (packed)  // the panel starts on a whole byte (n0 * K even)
+      dev_->to_host(out.packed.data() + n0 * K / 2, q.packed.get(), q.packed.bytes());
+    else
+      dev_->to_host(out.codes.data() + n0 * K, q.codes.get(), q.codes.bytes());
     dev_->to_host(out.scales.data() + n0 * G, q.scales.get(), q.scales.bytes());
     if (spec.zero_point) dev_->to_host(out.zero_points.data() + n0 * G, q.zero_points.get(), q.zero_points.bytes());
   }
-  dev_->to_host_2d(err_gn.data() + n0, size_t(N) * 8, q.error.get(), size_t(wd) * 8, size_t(wd) * 8, size_t(G));
+  dev_->to_host(err_n.data() + n0, q.col_error.get(), q.col_error.bytes());
 }
+
+namespace {
+
+// The host's copy of 4-bit codes from their packed form: low nibble first, symmetric codes sign-extended
+// (a code byte is int8 then), as pack_onnx read them.
+void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vector<uint8_t>& codes) {
+  const int64_t n = int64_t(codes.size()), chunk = int64_t(1) << 20;
+  parallel_for((n + chunk - 1) / chunk, [&](int64_t c) {
+    const int64_t i1 = std::min(n, (c + 1) * chunk);
+    for (int64_t i = c * chunk; i < i1; ++i) {
+      const uint8_t v = uint8_t((packed[size_t(i / 2)] >> (4 * (i & 1))) & 0x0f);
+      codes[size_t(i)] = zero_point || v < 8 ? v : uint8_t(v | 0xf0);
+    }
+  });
+}
+
+}  // namespace
 
 template <class Run>
 void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
@@ -88,18 +122,24 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);
   out.zero_points.assign(spec.zero_point ? size_t(G * N) : 0, 0);
-  std::vector<double> err_gn(size_t(G * N), 0.0);
-  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(G) * (4 + 1 + 8) + scratch_per_column;
-  const int64_t width = panel_width(fixed, per_col, N, "quantize");
+  std::vector<double> err_n(size_t(N), 0.0);
+  const uint64_t per_col =
+      uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(K + 1) / 2 + uint64_t(G) * (4 + 1 + 8) + 8 + scratch_per_column;
+  int64_t width = panel_width(fixed, per_col, N, "quantize");
+  if (width < N && width > 1) width -= width % 2;  // panels start on whole bytes of packed codes
+  // 4-bit codes come back packed (half the bytes) when every panel is whole bytes of the packed weight.
+  const bool packed = spec.bits == 4 && (w.k_axis == 0 ? N % 2 == 0 : true) && (width % 2 == 0 || width == N);
+  out.packed.assign(packed ? size_t((w.rows * w.cols + 1) / 2) : 0, 0);
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     Panel p = upload_panel(w, n0, std::min(width, N - n0));
     DeviceQuant q = quant_buffers(p.view, spec);
     run(p, q);
-    download_quant(w, p, spec, q, out, err_gn);
+    download_quant(w, p, spec, q, packed, out, err_n);
   }
-  // Summed in one fixed order ([G, N] row by row), whatever the panels were.
+  if (packed) unpack_codes(out.packed, spec.zero_point, out.codes);
+  // Summed in one fixed order (columns in order, each over its blocks in order), whatever the panels were.
   out.sq_error = 0;
-  for (double e : err_gn) out.sq_error += e;
+  for (double e : err_n) out.sq_error += e;
 }
 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {

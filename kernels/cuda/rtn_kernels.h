@@ -166,4 +166,16 @@ struct RtnRatiosBody {
   }
 };
 
+// Per column n of a panel, the sum of its block errors err[g * width + n] over g in order.
+struct ColumnSumBody {
+  const double* err;
+  int64_t G, width;
+  double* out;
+  NIBBLE_HD void operator()(int64_t n) const {
+    double t = 0;
+    for (int64_t g = 0; g < G; ++g) t += err[g * width + n];
+    out[n] = t;
+  }
+};
+
 }  // namespace nibble::kernels::gpu

@@ -22,7 +22,17 @@ struct GramForm {
   int64_t K = 0;
   int64_t rows = 0;
   const float* gram32 = nullptr;
-  const float* upper = nullptr;  // null: the GEMM form Σ D ⊙ (G D)
+  const float* upper = nullptr;  // null (and no upper_resident): the GEMM form Σ D ⊙ (G D)
+  std::shared_ptr<const Resident> upper_resident;  // U kept on the backend (gram_cholesky_kept)
+  bool has_upper() const { return upper || upper_resident; }
+};
+
+// gram_cholesky_upper's factor where the backend keeps it: host values (the CPU), or the backend's own
+// copy (a device backend; `host` stays empty). Neither: not factorisable.
+struct GramFactor {
+  std::vector<float> host;
+  std::shared_ptr<const Resident> resident;
+  bool ok() const { return !host.empty() || resident; }
 };
 
 // nibble's Gram-form clip search: candidate ratios, tried in this order (1.0 should come first).
@@ -106,6 +116,17 @@ class Backend {
   // The transfer ledger of a device backend; null for the CPU, where a tensor is host memory and
   // nothing moves.
   virtual const TransferLedger* transfer_ledger() const { return nullptr; }
+
+  // ---- Arrays kept on the backend (tensors that live on the backend: uploaded once, read in place)
+  // The weight put on the backend: its operations given the returned matrix read the backend's copy. A
+  // device backend uploads it here (when it fits its memory; else the matrix comes back as it was); the
+  // CPU returns w as it is.
+  virtual WeightMatrix keep(const WeightMatrix& w) { return w; }
+  // scale_weight_f32 left on the backend: a device backend returns a float32 matrix that only it holds
+  // (data null); the CPU computes it into `host` and returns a matrix on it.
+  virtual WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);
+  // gram_cholesky_upper left on the backend (a device backend keeps U; the CPU returns it in `host`).
+  virtual GramFactor gram_cholesky_kept(const double* gram, int64_t K) { return {gram_cholesky_upper(gram, K), {}}; }
 
   // ---- Round to nearest (rtn_ref.h)
   // Plain RTN of one weight, ModelOpt's formulas.

@@ -1,6 +1,7 @@
 // Arrays in, arrays out: the shapes every backend agrees on. The kernels know no files or graphs.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -10,12 +11,20 @@ namespace nibble::kernels {
 // A 2-D weight as stored: row-major [rows, cols] of a float type. k_axis says which axis is the
 // reduction dimension K (0 for MatMul's [K, N], 1 for Gemm transB's [N, K]); blocks always run
 // along K, so a block is `block` consecutive elements of one output channel.
+// A backend's own copy of an array (ggml-backend's tensor in a backend buffer): made by the backend
+// (Backend::keep and the *_kept operations), read by its operations in place of the host array beside
+// it, released with the last handle. Opaque to the host; the CPU backend makes none.
+struct Resident {
+  virtual ~Resident() = default;
+};
+
 struct WeightMatrix {
   DType dtype = DType::kFloat32;
-  const void* data = nullptr;
+  const void* data = nullptr;  // null when the weight lives only on the backend (`resident`)
   int64_t rows = 0;
   int64_t cols = 0;
   int k_axis = 0;
+  std::shared_ptr<const Resident> resident;
 
   int64_t K() const { return k_axis == 0 ? rows : cols; }
   int64_t N() const { return k_axis == 0 ? cols : rows; }

@@ -60,12 +60,14 @@ class GramCache {
   kernels::GramForm get(Calibration& calib, const std::string& act, bool numpy_mean, ActivationStats* stats) {
     *stats = calib.stats(act, numpy_mean);
     if (act != name_) {
-      upper_ = cholesky_ ? backend_.gram_cholesky_upper(stats->gram, stats->K) : std::vector<float>{};
-      if (cholesky_ && upper_.empty()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
+      // Kept where the backend computes it (a device keeps U for the sibling weights that read it).
+      factor_ = cholesky_ ? backend_.gram_cholesky_kept(stats->gram, stats->K) : kernels::GramFactor{};
+      if (cholesky_ && !factor_.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
       g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
       name_ = act;
     }
-    return kernels::GramForm{stats->K, stats->rows, g32_.data(), upper_.empty() ? nullptr : upper_.data()};
+    return kernels::GramForm{stats->K, stats->rows, g32_.data(), factor_.host.empty() ? nullptr : factor_.host.data(),
+                             factor_.resident};
   }
 
  private:
@@ -73,7 +75,7 @@ class GramCache {
   bool cholesky_;
   std::string name_;
   std::vector<float> g32_;
-  std::vector<float> upper_;
+  kernels::GramFactor factor_;
 };
 
 kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {
@@ -221,6 +223,7 @@ AwqChoice search_group(OnnxModel& model, const Plan& plan, const std::vector<siz
   int64_t n_total = 0;
   for (size_t i : idx) {
     ws.push_back(load(model, plan.weights[i]));
+    ws.back().w = backend.keep(ws.back().w);  // read twice below (statistic, loss): uploaded once
     n_total += plan.weights[i].N();
   }
   std::vector<float> wm(static_cast<size_t>(K), 0.0f);

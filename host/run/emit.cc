@@ -24,7 +24,8 @@ void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
 }
 
 // What the backend quantizes: W, or for AWQ W ⊙ s (after dividing the columns by a consumer's 1/s
-// folded into this weight); `buffer` owns the prepared copy.
+// folded into this weight); `buffer` owns the prepared copy when it is on the host (a device backend
+// may keep W ⊙ s itself: then w.data is null and w.resident holds it).
 struct Prepared {
   kernels::WeightMatrix w;
   kernels::QuantSpec spec;
@@ -45,10 +46,10 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
   }
   if (o.modelopt()) {
     p.buffer = backend.scale_weight(p.w, s->data());
-  } else {  // nibble: W ⊙ s in fp32, scales rounded to the weight dtype
-    p.buffer = backend.scale_weight_f32(p.w, s->data());
-    p.w.dtype = DType::kFloat32;
+  } else {  // nibble: W ⊙ s in fp32, scales rounded to the weight dtype; left on a device backend
+    p.w = backend.scale_weight_f32_kept(p.w, s->data(), p.buffer);
     p.spec.scale_dtype = pw.dtype;
+    return p;
   }
   p.w.data = p.buffer.data();
   return p;

@@ -51,7 +51,7 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
   const int64_t K = g.K;
   const int m = int(width), k = int(K);
   DeviceBuffer<float> y(*dev_, size_t(width * gram_rows));
-  if (g.upper && resident && gram_rows == K) {
+  if (g.has_upper() && resident && gram_rows == K) {
     la().strmm(Side::kRight, Fill::kLower, Op::kN, m, k, 1.0f, resident, k, d.get(), m, y.get(), m);
     launch(*dev_, width, ColumnDotBody{y.get(), y.get(), K, width, acc});
     dev_->synchronize();
@@ -66,7 +66,7 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
       panel = upload(src + r0 * K, size_t(nr * K));
       rows = panel.get();
     }
-    if (g.upper) {  // U's rows r0.. are zero left of r0: (U D)[r0:] = X[:, r0:] (Uᵀ)[r0:, r0:r0+nr]
+    if (g.has_upper()) {  // U's rows r0.. are zero left of r0: (U D)[r0:] = X[:, r0:] (Uᵀ)[r0:, r0:r0+nr]
       la().sgemm(Op::kN, Op::kN, m, int(nr), int(K - r0), 1.0f, d.get() + r0 * width, m, rows + r0, k, 0.0f, y.get(), m);
       launch(*dev_, width, ColumnDotBody{y.get(), y.get(), nr, width, acc});
     } else {
@@ -91,16 +91,22 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8;
   const uint64_t fixed = uint64_t(K) * 12 + 4096;
   const uint64_t gram_bytes = uint64_t(K) * uint64_t(K) * 4;
-  DeviceBuffer<float> resident;
+  DeviceBuffer<float> uploaded;
+  // U kept on the device by gram_cholesky_kept: read in place, shared by the sibling weights.
+  const float* resident = reinterpret_cast<const float*>(kept(g.upper_resident));
+  if (g.upper_resident && !resident) throw std::invalid_argument("awq_losses: another backend's Cholesky factor");
   int64_t gram_rows = K, width = 0;
   const int64_t want = std::min<int64_t>(N, 64);
-  const uint64_t in_use = dev_->in_use(), budget = dev_->budget();
-  if (in_use + fixed + gram_bytes + uint64_t(want) * (per_col + uint64_t(K) * 4) < budget) {
-    resident = upload(g.upper ? g.upper : g.gram32, size_t(K * K));
+  const uint64_t in_use = dev_->in_use_live(), budget = dev_->budget();
+  if (resident) {
+    width = panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses");
+  } else if (in_use + fixed + gram_bytes + uint64_t(want) * (per_col + uint64_t(K) * 4) < budget) {
+    uploaded = upload(g.upper ? g.upper : g.gram32, size_t(K * K));
+    resident = uploaded.get();
     width = panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses");
   } else {  // the Gram matrix streams in row panels beside `want` columns
     width = panel_width(fixed, per_col * 2, want, "awq_losses");
-    const uint64_t left = budget - std::min(budget, dev_->in_use() + fixed + per_col * uint64_t(width) + 65536);
+    const uint64_t left = budget - std::min(budget, dev_->in_use_live() + fixed + per_col * uint64_t(width) + 65536);
     gram_rows = std::min<int64_t>(K, int64_t(left / (uint64_t(K) * 4 + uint64_t(width) * 4 + 512)));
     if (gram_rows < 1) throw std::runtime_error("awq_losses: no Gram row fits the device memory budget");
   }
@@ -111,7 +117,7 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
       const DeviceBuffer<float> d = awq_diff(p, spec, scales[si], diag.get(), clip);
       DeviceBuffer<double> a(*dev_, size_t(p.width));
       dev_->fill_zero(a.get(), a.bytes());
-      gram_columns(g, resident.get(), gram_rows, d, p.width, a.get());
+      gram_columns(g, resident, gram_rows, d, p.width, a.get());
       dev_->synchronize();
       dev_->to_host(acc[si].data() + n0, a.get(), a.bytes());
     }
@@ -123,28 +129,6 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
     out.push_back(sum / (double(g.rows) * double(N)));
   }
   return out;
-}
-
-std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t K) {
-  const OpScope op(*dev_, "gram_cholesky_upper");
-  double dmax = 0;  // the shift's scale, from K values on the host
-  for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
-  if (!(dmax > 0) || !std::isfinite(dmax)) return {};
-  // A factor that does not fit the budget is not computed: an empty U selects the GEMM form, which
-  // streams the Gram matrix in row panels.
-  if (dev_->in_use() + uint64_t(K) * uint64_t(K) * 12 + 65536 > dev_->budget()) return {};
-  DeviceBuffer<double> a(*dev_, size_t(K * K));
-  for (double shift : {0.0, 1e-12, 1e-9}) {
-    dev_->to_device(a.get(), gram, a.bytes());
-    if (shift > 0) launch(*dev_, K, ShiftDiagonalBody{a.get(), K, shift * dmax});
-    // The row-major array read column-major is Gᵀ = G; the lower factor L (G = L Lᵀ), column-major,
-    // is Lᵀ = U row-major.
-    if (la().dpotrf(Fill::kLower, int(K), a.get(), int(K)) != 0) continue;
-    DeviceBuffer<float> u(*dev_, size_t(K * K));
-    launch(*dev_, K * K, UpperFloatBody{a.get(), K, u.get()});
-    return download(u);
-  }
-  return {};
 }
 
 }  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

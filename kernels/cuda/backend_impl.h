@@ -30,6 +30,13 @@ struct Panel {
   WeightView view{};
 };
 
+// An array the backend keeps on the device for the host (Backend::keep, the *_kept operations): a
+// whole weight in its stored layout, or a K x K factor.
+struct DeviceArray final : Resident {
+  const void* owner = nullptr;  // the backend that made it: another backend's handle is not read
+  DeviceBuffer<uint8_t> data;
+};
+
 // A quantization result of one panel on the device.
 struct DeviceQuant {
   DeviceBuffer<uint8_t> codes, zero_points;
@@ -49,6 +56,8 @@ class CudaBackend final : public Backend {
     dev_->count_host_fallback();
     return f(*host_);
   }
+  // w with host data for an operation on the host: a weight only the device holds comes back into `buf`.
+  WeightMatrix host_weight(const WeightMatrix& w, std::vector<uint8_t>& buf);
 
  public:
   CudaBackend(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la, std::unique_ptr<Backend> host)
@@ -58,13 +67,20 @@ class CudaBackend final : public Backend {
   DeviceMemoryUse device_memory() const override { return {dev_->budget(), dev_->peak()}; }
   const TransferLedger* transfer_ledger() const override { return &dev_->ledger(); }
 
+  WeightMatrix keep(const WeightMatrix& w) override;
+  WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
+  GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
+
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
                     const std::vector<float>& ratios, QuantResult& out) override;
   void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
   void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override;
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
-    on_host("hqq", [&](Backend& h) { return h.hqq(w, spec, opt, out); });
+    on_host("hqq", [&](Backend& h) {
+      std::vector<uint8_t> b;
+      return h.hqq(host_weight(w, b), spec, opt, out);
+    });
   }
   std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
@@ -75,10 +91,18 @@ class CudaBackend final : public Backend {
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {
-    on_host("gptq_quantize", [&](Backend& h) { return h.gptq_quantize(w, spec, f, opt, out); });
+    on_host("gptq_quantize", [&](Backend& h) {
+      std::vector<uint8_t> b;
+      return h.gptq_quantize(host_weight(w, b), spec, f, opt, out);
+    });
   }
   std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override {
-    return on_host("awq_weight_mean_joint", [&](Backend& h) { return h.awq_weight_mean_joint(siblings, block); });
+    return on_host("awq_weight_mean_joint", [&](Backend& h) {
+      std::vector<std::vector<uint8_t>> b(siblings.size());
+      std::vector<WeightMatrix> on(siblings.size());
+      for (size_t i = 0; i < siblings.size(); ++i) on[i] = host_weight(siblings[i], b[i]);
+      return h.awq_weight_mean_joint(on, block);
+    });
   }
   std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                double alpha) override {
@@ -92,7 +116,10 @@ class CudaBackend final : public Backend {
                                  const std::vector<float>* clip_ratios) override;
   std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
                                           const std::vector<double>& ratios, int64_t bsz_col) override {
-    return on_host("clip_search_modelopt", [&](Backend& h) { return h.clip_search_modelopt(w, spec, x, T, ratios, bsz_col); });
+    return on_host("clip_search_modelopt", [&](Backend& h) {
+      std::vector<uint8_t> b;
+      return h.clip_search_modelopt(host_weight(w, b), spec, x, T, ratios, bsz_col);
+    });
   }
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
@@ -111,6 +138,12 @@ class CudaBackend final : public Backend {
     dev_->count_launch();
     return *la_;
   }
+  // The device copy of an array this backend kept (null: none, or another backend's).
+  const uint8_t* kept(const std::shared_ptr<const Resident>& r) const;
+  // A weight's bytes on the device: its kept copy, or uploaded into `tmp`.
+  const uint8_t* weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp);
+  // U of a Gram matrix on the device (empty when not factorisable or beyond the budget).
+  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K);
   // Columns of a panel that fit beside `fixed` bytes when each column needs `per_column` bytes.
   int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
   Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);

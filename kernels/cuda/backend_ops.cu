@@ -34,7 +34,10 @@ std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float
   for (int64_t r0 = 0; r0 < w.rows; r0 += panel) {
     const int64_t nr = std::min(panel, w.rows - r0), n = nr * w.cols;
     DeviceBuffer<uint8_t> in(*dev_, size_t(n) * in_sz), res(*dev_, size_t(n) * out_sz);
-    dev_->to_device(in.get(), static_cast<const uint8_t*>(w.data) + size_t(r0 * w.cols) * in_sz, in.bytes());
+    if (const uint8_t* d = kept(w.resident))
+      dev_->on_device_2d(in.get(), in.bytes(), d + size_t(r0 * w.cols) * in_sz, in.bytes(), in.bytes(), 1);
+    else
+      dev_->to_device(in.get(), static_cast<const uint8_t*>(w.data) + size_t(r0 * w.cols) * in_sz, in.bytes());
     const float* vp = v_d.get() + (by_row ? r0 : 0);
     if (mode == kDivide)
       launch(*dev_, n, DivideColumnsBody{in.get(), int(w.dtype), w.cols, w.k_axis, vp, res.get()});
@@ -62,8 +65,8 @@ std::vector<uint8_t> CudaBackend::divide_columns(const WeightMatrix& w, const fl
 std::vector<float> CudaBackend::awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) {
   const OpScope op(*dev_, "awq_weight_mean");
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, block), M = contiguous ? G * N : G * block * N / block;
-  const DeviceBuffer<uint8_t> data = upload(static_cast<const uint8_t*>(w.data), size_t(K * N) * dtype_size(w.dtype));
-  const WeightView v{data.get(), int(w.dtype), w.rows, w.cols, w.k_axis};
+  DeviceBuffer<uint8_t> tmp;
+  const WeightView v{weight_on_device(w, tmp), int(w.dtype), w.rows, w.cols, w.k_axis};
   DeviceBuffer<float> amax(*dev_, size_t(M)), mean(*dev_, size_t(K));
   launch(*dev_, M, GroupAmaxBody{v, block, M, contiguous, amax.get()});
   launch(*dev_, K, WeightMeanBody{v, block, M, contiguous, amax.get(), mean.get()});

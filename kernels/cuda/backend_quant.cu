@@ -27,7 +27,7 @@ BlockShape shape_of(const QuantSpec& spec, DType data) {
 
 int64_t CudaBackend::panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const {
   // Each buffer may round up by 256 bytes; a few KiB of slack covers that.
-  const uint64_t slack = 16 * 1024, used = dev_->in_use() + fixed + slack;
+  const uint64_t slack = 16 * 1024, used = dev_->in_use_live() + fixed + slack;
   const uint64_t avail = dev_->budget() > used ? dev_->budget() - used : 0;
   int64_t width = std::min<int64_t>(N, int64_t(avail / std::max<uint64_t>(per_column, 1)));
   if (width < 1)
@@ -44,12 +44,19 @@ Panel CudaBackend::upload_panel(const WeightMatrix& w, int64_t n0, int64_t width
   p.n0 = n0;
   p.width = width;
   p.data = DeviceBuffer<uint8_t>(*dev_, size_t(K * width) * esz);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  if (w.k_axis == 0)  // [K, N]: `width` columns of every row
+  if (const uint8_t* d = kept(w.resident)) {  // on the device already: a copy there, nothing crosses the bus
+    if (w.k_axis == 0)
+      dev_->on_device_2d(p.data.get(), size_t(width) * esz, d + size_t(n0) * esz, size_t(N) * esz,
+                         size_t(width) * esz, size_t(K));
+    else
+      dev_->on_device_2d(p.data.get(), p.data.bytes(), d + size_t(n0 * K) * esz, p.data.bytes(), p.data.bytes(), 1);
+  } else if (w.k_axis == 0) {  // [K, N]: `width` columns of every row
+    const auto* src = static_cast<const uint8_t*>(w.data);
     dev_->to_device_2d(p.data.get(), size_t(width) * esz, src + size_t(n0) * esz, size_t(N) * esz, size_t(width) * esz,
                        size_t(K));
-  else  // [N, K]: consecutive rows
-    dev_->to_device(p.data.get(), src + size_t(n0 * K) * esz, p.data.bytes());
+  } else {  // [N, K]: consecutive rows
+    dev_->to_device(p.data.get(), static_cast<const uint8_t*>(w.data) + size_t(n0 * K) * esz, p.data.bytes());
+  }
   p.view = WeightView{p.data.get(), int(w.dtype), w.k_axis == 0 ? K : width, w.k_axis == 0 ? width : K, w.k_axis};
   return p;
 }

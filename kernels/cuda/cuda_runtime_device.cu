@@ -19,6 +19,9 @@ class RuntimeDevice final : public DeviceLayer {
   std::string name() const override { return "cuda"; }
   std::string describe() const override { return "cuda: " + cuda::device_name(); }
   ~RuntimeDevice() override { drain_pool(); }
+  void on_device_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {
+    check(cudaMemcpy2D(d, dp, s, sp, w, h, cudaMemcpyDeviceToDevice), "2-D copy on the device");
+  }
   void fill_zero(void* d, size_t n) override { check(cudaMemset(d, 0, n), "memset"); }
   void synchronize() override { check(cudaDeviceSynchronize(), "kernel"); }
 

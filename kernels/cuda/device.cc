@@ -18,6 +18,7 @@ void* DeviceLayer::allocate(size_t bytes) {
   if (auto it = pool_.find(c); it != pool_.end()) {
     void* p = it->second;
     pool_.erase(it);
+    pooled_ -= c;
     return p;  // already held: in_use_ counts it
   }
   if (in_use_ + c > budget_) drain_pool();
@@ -37,7 +38,9 @@ void* DeviceLayer::allocate(size_t bytes) {
 }
 
 void DeviceLayer::release(void* p, size_t bytes) {
-  if (p) pool_.emplace(counted(bytes), p);
+  if (!p) return;
+  pool_.emplace(counted(bytes), p);
+  pooled_ += counted(bytes);
 }
 
 void DeviceLayer::drain_pool() {
@@ -46,6 +49,7 @@ void DeviceLayer::drain_pool() {
     in_use_ -= c;
   }
   pool_.clear();
+  pooled_ = 0;
 }
 
 void DeviceLayer::to_device(void* dst, const void* src, size_t bytes) {

@@ -40,6 +40,9 @@ class DeviceLayer {
   void to_host(void* dst, const void* src, size_t bytes);
   void to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
   void to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+  // Device to device (cudaMemcpy2D's DeviceToDevice): never crosses the bus, not in the ledger.
+  virtual void on_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                            size_t height) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // Waits for the launches issued so far (a kernel error surfaces here).
   virtual void synchronize() = 0;
@@ -55,6 +58,8 @@ class DeviceLayer {
 
   uint64_t budget() const { return budget_; }
   uint64_t in_use() const { return in_use_; }
+  // Held by live allocations (in_use less the pool, which gives its blocks back when a request needs them).
+  uint64_t in_use_live() const { return in_use_ - pooled_; }
   uint64_t peak() const { return peak_; }
 
   static size_t counted(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -77,6 +82,7 @@ class DeviceLayer {
 
   uint64_t budget_;
   uint64_t in_use_ = 0;  // held: live allocations + pooled blocks
+  uint64_t pooled_ = 0;
   uint64_t peak_ = 0;
   std::multimap<size_t, void*> pool_;  // counted size -> free block
   TransferLedger ledger_;
@@ -99,6 +105,9 @@ class OpScope {
 // Device memory for `n` elements of T, released when it goes out of scope.
 template <class T>
 class DeviceBuffer {
+  template <class U>
+  friend class DeviceBuffer;
+
  public:
   DeviceBuffer() = default;
   DeviceBuffer(DeviceLayer& dev, size_t n) : dev_(&dev), n_(n) {
@@ -118,6 +127,14 @@ class DeviceBuffer {
     if (p_) dev_->release(p_, n_ * sizeof(T));
     p_ = nullptr;
     n_ = 0;
+  }
+  // Takes over another buffer's allocation as an array of T (its bytes must be a multiple of sizeof(T)).
+  template <class U>
+  static DeviceBuffer adopt(DeviceBuffer<U>&& o) {
+    DeviceBuffer b;
+    b.dev_ = o.dev_, b.p_ = reinterpret_cast<T*>(o.p_), b.n_ = o.n_ * sizeof(U) / sizeof(T);
+    o.p_ = nullptr, o.n_ = 0;
+    return b;
   }
   T* get() const { return p_; }
   size_t size() const { return n_; }

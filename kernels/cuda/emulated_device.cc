@@ -13,6 +13,9 @@ class EmulatedDevice final : public DeviceLayer {
   std::string name() const override { return "cuda_emulated"; }
   std::string describe() const override { return "emulated CUDA device (host memory)"; }
   ~EmulatedDevice() override { drain_pool(); }
+  void on_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) override {
+    copy_2d(dst, dpitch, src, spitch, width, height);
+  }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) std::memset(dst, 0, bytes);
   }

@@ -1,0 +1,117 @@
+// Arrays the CUDA backend keeps on the device for the host (tensors that live on the backend, as
+// ggml-backend's do): a weight uploaded once and read in place by every operation given it, W ⊙ s
+// computed and left on the device for the quantizer that follows, and a Gram matrix's Cholesky factor
+// shared by the sibling weights that read one activation. Each falls back to the host form when it
+// does not fit the device memory budget.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/awq_kernels.h"
+#include "kernels/cuda/backend_impl.h"
+#include "kernels/cuda/launch.h"
+
+namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
+namespace {
+
+constexpr uint64_t kSlack = 64 * 1024;
+
+}  // namespace
+
+const uint8_t* CudaBackend::kept(const std::shared_ptr<const Resident>& r) const {
+  const auto* a = dynamic_cast<const DeviceArray*>(r.get());
+  return a && a->owner == this ? a->data.get() : nullptr;
+}
+
+const uint8_t* CudaBackend::weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp) {
+  if (const uint8_t* d = kept(w.resident)) return d;
+  tmp = upload(static_cast<const uint8_t*>(w.data), size_t(w.rows * w.cols) * dtype_size(w.dtype));
+  return tmp.get();
+}
+
+WeightMatrix CudaBackend::host_weight(const WeightMatrix& w, std::vector<uint8_t>& buf) {
+  if (w.data) return w;
+  const uint8_t* d = kept(w.resident);
+  if (!d) throw std::invalid_argument("a weight with neither host data nor this backend's device copy");
+  buf.resize(size_t(w.rows * w.cols) * dtype_size(w.dtype));
+  dev_->synchronize();
+  dev_->to_host(buf.data(), d, buf.size());
+  WeightMatrix h = w;
+  h.data = buf.data();
+  return h;
+}
+
+WeightMatrix CudaBackend::keep(const WeightMatrix& w) {
+  const OpScope op(*dev_, "keep");
+  if (kept(w.resident) || !w.data) return w;
+  const uint64_t bytes = uint64_t(w.rows * w.cols) * dtype_size(w.dtype);
+  // Half the budget at most: the operations on it still need their panels beside it.
+  if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / 2) return w;
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->data = upload(static_cast<const uint8_t*>(w.data), size_t(bytes));
+  WeightMatrix out = w;
+  out.resident = std::move(a);
+  return out;
+}
+
+WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
+  const int64_t n = w.rows * w.cols;
+  const uint64_t in_bytes = kept(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
+  if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 2)
+    return Backend::scale_weight_f32_kept(w, s, host);  // streams in row panels through the host
+  const OpScope op(*dev_, "scale_weight_f32");
+  DeviceBuffer<uint8_t> tmp;
+  const uint8_t* in = weight_on_device(w, tmp);
+  const DeviceBuffer<float> s_d = upload(s, size_t(w.K()));
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(n) * 4);
+  launch(*dev_, n, ScaleBody{in, int(w.dtype), int(DType::kFloat32), w.cols, w.k_axis, s_d.get(), a->data.get()});
+  WeightMatrix out = w;
+  out.dtype = DType::kFloat32;
+  out.data = nullptr;  // only the device holds it
+  out.resident = std::move(a);
+  return out;
+}
+
+DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t K) {
+  double dmax = 0;  // the shift's scale, from K values on the host
+  for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
+  if (!(dmax > 0) || !std::isfinite(dmax)) return {};
+  // A factor that does not fit the budget is not computed: no U selects the GEMM form, which streams
+  // the Gram matrix in row panels.
+  if (dev_->in_use_live() + uint64_t(K) * uint64_t(K) * 12 + 65536 > dev_->budget()) return {};
+  DeviceBuffer<double> a(*dev_, size_t(K * K));
+  for (double shift : {0.0, 1e-12, 1e-9}) {
+    dev_->to_device(a.get(), gram, a.bytes());  // again on a retry: dpotrf overwrote it
+    if (shift > 0) launch(*dev_, K, ShiftDiagonalBody{a.get(), K, shift * dmax});
+    // The row-major array read column-major is Gᵀ = G; the lower factor L (G = L Lᵀ), column-major,
+    // is Lᵀ = U row-major.
+    if (la().dpotrf(Fill::kLower, int(K), a.get(), int(K)) != 0) continue;
+    DeviceBuffer<float> u(*dev_, size_t(K * K));
+    launch(*dev_, K * K, UpperFloatBody{a.get(), K, u.get()});
+    return u;
+  }
+  return {};
+}
+
+std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t K) {
+  const OpScope op(*dev_, "gram_cholesky_upper");
+  const DeviceBuffer<float> u = cholesky_on_device(gram, K);
+  return u.size() ? download(u) : std::vector<float>{};
+}
+
+GramFactor CudaBackend::gram_cholesky_kept(const double* gram, int64_t K) {
+  const OpScope op(*dev_, "gram_cholesky_upper");
+  DeviceBuffer<float> u = cholesky_on_device(gram, K);
+  GramFactor f;
+  if (!u.size()) return f;
+  // Kept as bytes: a DeviceArray holds any array. The move keeps the allocation's size for its release.
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->data = DeviceBuffer<uint8_t>::adopt(std::move(u));
+  f.resident = std::move(a);
+  return f;
+}
+
+}  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

@@ -1,0 +1,167 @@
+// The CUDA backend's transfer ledger on the emulated device (which counts exactly what a GPU would
+// move): what each operation uploads, brings back and allocates, and the arrays it keeps on the device
+// so that a weight crosses the bus once. Results are compared with the CPU backend's, bit for bit.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
+
+using namespace nibble;
+using namespace nibble::kernels;
+
+namespace {
+
+constexpr int64_t K = 256, N = 96, kBlock = 32, G = K / kBlock;
+
+std::unique_ptr<Backend> emulated(uint64_t budget = uint64_t(64) << 20) {
+  return make_backend(BackendOptions{Device::kCudaEmulated, budget}, nullptr);
+}
+
+OpTransfers op(const Backend& b, const std::string& name) {
+  const TransferLedger* l = b.transfer_ledger();
+  EXPECT_NE(l, nullptr);
+  const auto it = l->ops.find(name);
+  return it == l->ops.end() ? OpTransfers{} : it->second;
+}
+
+// An fp16 [K, N] weight with a few outliers.
+struct Fp16Weight {
+  std::vector<uint16_t> bits;
+  WeightMatrix m;
+  Fp16Weight() : bits(size_t(K * N)) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_half(i % 97 == 0 ? 0.3f : d(rng));
+    m = WeightMatrix{DType::kFloat16, bits.data(), K, N, 0};
+  }
+  uint64_t bytes() const { return bits.size() * 2; }
+};
+
+void expect_same(const QuantResult& a, const QuantResult& b) {
+  EXPECT_EQ(a.codes, b.codes);
+  EXPECT_EQ(a.scales, b.scales);
+  EXPECT_EQ(a.zero_points, b.zero_points);
+}
+
+}  // namespace
+
+TEST(TransferLedger, CpuHasNone) { EXPECT_EQ(make_cpu_backend()->transfer_ledger(), nullptr); }
+
+// The default RTN: the weight goes up once; the codes come back packed (half a byte each), with the
+// scales (float32) and one error sum per column: nothing else crosses the bus.
+TEST(TransferLedger, RtnLsqMovesTheWeightOnceAndPackedCodesBack) {
+  const Fp16Weight w;
+  auto gpu = emulated();
+  const QuantSpec spec{4, kBlock, false};
+  QuantResult got, want;
+  gpu->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, got);
+  make_cpu_backend()->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, want);
+  expect_same(got, want);
+  const OpTransfers t = op(*gpu, "rtn_lsq");
+  EXPECT_EQ(t.h2d_bytes, w.bytes());
+  EXPECT_EQ(t.d2h_bytes, uint64_t(K * N / 2 + G * N * 4 + N * 8));
+  EXPECT_FALSE(t.host_fallback);
+  EXPECT_GT(t.launches, 0u);
+  // The writer's packing is what came back: no transfer at all.
+  EXPECT_EQ(gpu->pack_onnx_codes(got, 4), make_cpu_backend()->pack_onnx(want.codes, 4));
+  EXPECT_EQ(op(*gpu, "pack_onnx").calls, 0u);
+}
+
+// The pooled allocator: a second weight of the same shape allocates nothing new.
+TEST(TransferLedger, SecondWeightOfAShapeAllocatesNothing) {
+  const Fp16Weight w;
+  auto gpu = emulated();
+  QuantResult q;
+  gpu->rtn(w.m, QuantSpec{4, kBlock, true}, q);
+  const uint64_t first = gpu->transfer_ledger()->total.allocations;
+  EXPECT_GT(first, 0u);
+  for (int i = 0; i < 3; ++i) gpu->rtn(w.m, QuantSpec{4, kBlock, true}, q);
+  EXPECT_EQ(gpu->transfer_ledger()->total.allocations, first);
+  EXPECT_LE(gpu->device_memory().peak, gpu->device_memory().budget);
+}
+
+// A kept weight is read in place by every operation given it.
+TEST(TransferLedger, KeptWeightIsUploadedOnce) {
+  const Fp16Weight w;
+  auto gpu = emulated();
+  const WeightMatrix kept = gpu->keep(w.m);
+  ASSERT_TRUE(kept.resident);
+  EXPECT_EQ(op(*gpu, "keep").h2d_bytes, w.bytes());
+  QuantResult a, b;
+  gpu->rtn(kept, QuantSpec{4, kBlock, false}, a);
+  const std::vector<float> mean = gpu->awq_weight_mean(kept, kBlock, true);
+  EXPECT_EQ(op(*gpu, "rtn").h2d_bytes, 0u);
+  EXPECT_EQ(op(*gpu, "awq_weight_mean").h2d_bytes, 0u);
+  auto cpu = make_cpu_backend();
+  cpu->rtn(w.m, QuantSpec{4, kBlock, false}, b);
+  expect_same(a, b);
+  EXPECT_EQ(mean, cpu->awq_weight_mean(w.m, kBlock, true));
+  // Beyond half the budget it is not kept (the operations stream it in panels instead).
+  auto small = emulated(w.bytes());
+  EXPECT_FALSE(small->keep(w.m).resident);
+}
+
+// AWQ's W ⊙ s stays on the device for the quantizer: the fp32 weight never crosses the bus, and an
+// operation on the host (hqq) brings it back only for itself.
+TEST(TransferLedger, ScaledWeightStaysOnTheDevice) {
+  const Fp16Weight w;
+  std::vector<float> s(static_cast<size_t>(K)), energy(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) s[size_t(k)] = 0.5f + float(k % 7) * 0.25f, energy[size_t(k)] = 1.0f + float(k % 5);
+  auto gpu = emulated();
+  auto cpu = make_cpu_backend();
+  std::vector<uint8_t> gbuf, cbuf;
+  const WeightMatrix gs = gpu->scale_weight_f32_kept(w.m, s.data(), gbuf);
+  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
+  EXPECT_EQ(gs.data, nullptr);
+  EXPECT_TRUE(gbuf.empty());
+  EXPECT_EQ(gs.dtype, DType::kFloat32);
+  EXPECT_EQ(op(*gpu, "scale_weight_f32").h2d_bytes, w.bytes() + uint64_t(K) * 4);
+  EXPECT_EQ(op(*gpu, "scale_weight_f32").d2h_bytes, 0u);
+  QuantSpec spec{4, kBlock, false};
+  spec.scale_dtype = DType::kFloat16;
+  QuantResult a, b;
+  gpu->rtn_weighted(gs, spec, energy.data(), {1.0f, 0.9f, 0.8f}, a);
+  cpu->rtn_weighted(cs, spec, energy.data(), {1.0f, 0.9f, 0.8f}, b);
+  expect_same(a, b);
+  EXPECT_EQ(op(*gpu, "rtn_weighted").h2d_bytes, uint64_t(K) * 4 + 3 * 4);  // the channel weights and ratios
+  QuantResult h1, h2;
+  gpu->hqq(gs, QuantSpec{4, kBlock, true}, HqqOptions{}, h1);
+  cpu->hqq(cs, QuantSpec{4, kBlock, true}, HqqOptions{}, h2);
+  expect_same(h1, h2);
+  EXPECT_TRUE(op(*gpu, "hqq").host_fallback);
+  EXPECT_EQ(op(*gpu, "hqq").d2h_bytes, uint64_t(K * N) * 4);
+}
+
+// The Cholesky factor kept on the device gives the AWQ loss of the host factor, without its upload.
+TEST(TransferLedger, KeptCholeskyFactorIsReadInPlace) {
+  const Fp16Weight w;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d;
+  const int64_t T = 2 * K;
+  std::vector<float> x(size_t(T * K));
+  for (float& v : x) v = d(rng);
+  std::vector<double> gram(size_t(K * K), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) gram[size_t(i * K + j)] += double(x[size_t(t * K + i)]) * x[size_t(t * K + j)];
+  std::vector<float> g32(gram.begin(), gram.end());
+  const std::vector<float> s(static_cast<size_t>(K), 1.0f);
+  auto gpu = emulated();
+  const QuantSpec spec{4, kBlock, false};
+  const std::vector<float> upper = gpu->gram_cholesky_upper(gram.data(), K);
+  ASSERT_FALSE(upper.empty());
+  const std::vector<double> host_form =
+      gpu->awq_losses(w.m, {s.data()}, spec, GramForm{K, T, g32.data(), upper.data(), {}}, nullptr);
+  const uint64_t up_before = op(*gpu, "awq_losses").h2d_bytes;
+  const GramFactor f = gpu->gram_cholesky_kept(gram.data(), K);
+  ASSERT_TRUE(f.resident);
+  EXPECT_TRUE(f.host.empty());
+  const std::vector<double> kept_form =
+      gpu->awq_losses(w.m, {s.data()}, spec, GramForm{K, T, g32.data(), nullptr, f.resident}, nullptr);
+  EXPECT_EQ(host_form, kept_form);
+  EXPECT_EQ(op(*gpu, "awq_losses").h2d_bytes - up_before, up_before - uint64_t(K * K) * 4);
+}

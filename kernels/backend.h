@@ -96,6 +96,10 @@ struct OpTransfers {
   uint64_t allocations = 0;
   uint64_t launches = 0;
   uint64_t calls = 0;
+  // The arithmetic the operation implies, float32 and float64 (a model's count from the shapes, what a
+  // roofline projection needs; not measured). Host fallbacks count what the device would have done.
+  uint64_t flops = 0;
+  uint64_t flops_fp64 = 0;
   bool host_fallback = false;
 };
 

@@ -71,9 +71,11 @@ nlohmann::json ledger_to_json(const kernels::TransferLedger& l) {
     if (t.host_fallback) on_host.push_back(name);
   for (const auto& [name, t] : l.ops)
     ops[name] = {{"calls", t.calls},       {"h2d_bytes", t.h2d_bytes}, {"d2h_bytes", t.d2h_bytes},
-                 {"allocations", t.allocations}, {"launches", t.launches}, {"host_fallback", t.host_fallback}};
+                 {"allocations", t.allocations}, {"launches", t.launches}, {"flops", t.flops},
+                 {"flops_fp64", t.flops_fp64},     {"host_fallback", t.host_fallback}};
   return {{"h2d_bytes", l.total.h2d_bytes}, {"d2h_bytes", l.total.d2h_bytes}, {"allocations", l.total.allocations},
-          {"launches", l.total.launches},   {"host_fallback", l.total.host_fallback}, {"on_host", on_host},
+          {"launches", l.total.launches},   {"flops", l.total.flops}, {"flops_fp64", l.total.flops_fp64},
+          {"host_fallback", l.total.host_fallback}, {"on_host", on_host},
           {"ops", ops}};
 }
 

@@ -83,6 +83,9 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   const OpScope op(*dev_, "awq_losses");
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
+  // Per scale: scaling, RTN and the difference (~16 flops an element), then ‖U D‖² (K² N multiply-adds
+  // over the triangle) or Σ D ⊙ (G D) (2 K² N).
+  dev_->count_flops(double(scales.size()) * double(K * N) * (16.0 + (g.has_upper() ? double(K) : 2.0 * double(K))));
   if (g.K != K || !g.gram32) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
   // The Gram diagonal (clip weights): a 2-D copy of one element per row.
   DeviceBuffer<float> diag(*dev_, size_t(K));

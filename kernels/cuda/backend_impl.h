@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     on_host("hqq", [&](Backend& h) {
       std::vector<uint8_t> b;
+      dev_->count_flops(double(opt.iters) * 20.0 * double(w.rows * w.cols));  // ~20 flops an element an iteration
       return h.hqq(host_weight(w, b), spec, opt, out);
     });
   }
@@ -87,12 +88,16 @@ class CudaBackend final : public Backend {
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
   GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp, bool act_order) override {
-    return on_host("gptq_factor", [&](Backend& h) { return h.gptq_factor(gram, K, inv_s, percdamp, act_order); });
+    return on_host("gptq_factor", [&](Backend& h) {
+      dev_->count_flops(0, double(K) * double(K) * double(K));  // Cholesky, inverse, Cholesky: ~K³ in fp64
+      return h.gptq_factor(gram, K, inv_s, percdamp, act_order);
+    });
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {
     on_host("gptq_quantize", [&](Backend& h) {
       std::vector<uint8_t> b;
+      dev_->count_flops(double(w.K()) * double(w.K()) * double(w.N()));  // the updates: K² N over the triangle
       return h.gptq_quantize(host_weight(w, b), spec, f, opt, out);
     });
   }

@@ -60,6 +60,7 @@ WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const flo
   if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 2)
     return Backend::scale_weight_f32_kept(w, s, host);  // streams in row panels through the host
   const OpScope op(*dev_, "scale_weight_f32");
+  dev_->count_flops(double(n));
   DeviceBuffer<uint8_t> tmp;
   const uint8_t* in = weight_on_device(w, tmp);
   const DeviceBuffer<float> s_d = upload(s, size_t(w.K()));
@@ -78,6 +79,7 @@ DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t 
   double dmax = 0;  // the shift's scale, from K values on the host
   for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
   if (!(dmax > 0) || !std::isfinite(dmax)) return {};
+  dev_->count_flops(double(K * K), double(K) * double(K) * double(K) / 3.0);  // dpotrf: K³/3 in fp64
   // A factor that does not fit the budget is not computed: no U selects the GEMM form, which streams
   // the Gram matrix in row panels.
   if (dev_->in_use_live() + uint64_t(K) * uint64_t(K) * 12 + 65536 > dev_->budget()) return {};

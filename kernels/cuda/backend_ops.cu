@@ -51,19 +51,23 @@ std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float
 
 std::vector<uint8_t> CudaBackend::scale_weight(const WeightMatrix& w, const float* s) {
   const OpScope op(*dev_, "scale_weight");
+  dev_->count_flops(double(w.rows * w.cols));
   return elementwise(w, s, size_t(w.K()), kScale);
 }
 std::vector<uint8_t> CudaBackend::scale_weight_f32(const WeightMatrix& w, const float* s) {
   const OpScope op(*dev_, "scale_weight_f32");
+  dev_->count_flops(double(w.rows * w.cols));
   return elementwise(w, s, size_t(w.K()), kScaleF32);
 }
 std::vector<uint8_t> CudaBackend::divide_columns(const WeightMatrix& w, const float* d) {
   const OpScope op(*dev_, "divide_columns");
+  dev_->count_flops(double(w.rows * w.cols));
   return elementwise(w, d, size_t(w.N()), kDivide);
 }
 
 std::vector<float> CudaBackend::awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) {
   const OpScope op(*dev_, "awq_weight_mean");
+  dev_->count_flops(3.0 * double(w.rows * w.cols));
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, block), M = contiguous ? G * N : G * block * N / block;
   DeviceBuffer<uint8_t> tmp;
   const WeightView v{weight_on_device(w, tmp), int(w.dtype), w.rows, w.cols, w.k_axis};
@@ -152,6 +156,7 @@ std::vector<uint8_t> CudaBackend::pack_matmulnbits_zero_points(const WeightMatri
 std::vector<uint8_t> CudaBackend::dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
                                              DType out_t) {
   const OpScope op(*dev_, "dequantize");
+  dev_->count_flops(2.0 * double(shape.rows * shape.cols));
   const int64_t K = shape.K(), N = shape.N(), G = q.groups, n = shape.rows * shape.cols;
   if (q.codes.size() != size_t(n) || q.scales.size() != size_t(G * N) || spec.block < 1 ||
       (spec.zero_point && q.zero_points.size() != q.scales.size()))

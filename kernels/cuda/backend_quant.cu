@@ -151,6 +151,7 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
   const OpScope op(*dev_, "rtn");
+  dev_->count_flops(8.0 * double(w.rows * w.cols));  // range, quotient, rounding, error
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
     launch(*dev_, int64_t(q.scales.size()), RtnBody{p.view, shape_of(spec, w.dtype), q.out()});
   });
@@ -159,6 +160,10 @@ void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
 void CudaBackend::rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt,
                           QuantResult& out) {
   const OpScope op(*dev_, "rtn_lsq");
+  // Per element: symmetric, 2(2·steps + 1) candidates of a fit and a ranking (~12 flops) and up to ten
+  // scored scales (~8); zero point, 2·steps + 3 fits (~8) and two scored ones.
+  const double el = double(w.rows * w.cols), st = opt.steps;
+  dev_->count_flops(el * (spec.zero_point ? (2 * st + 3) * 8 + 16 : 2 * (2 * st + 1) * 12 + 80));
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
     launch(*dev_, int64_t(q.scales.size()),
            RtnLsqBody{p.view, shape_of(spec, w.dtype), q.out(), int(opt.weight), opt.steps});
@@ -168,6 +173,7 @@ void CudaBackend::rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const Rt
 void CudaBackend::rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw,
                                const std::vector<float>& ratios, QuantResult& out) {
   const OpScope op(*dev_, "rtn_weighted");
+  dev_->count_flops(8.0 * double(w.rows * w.cols) * double(ratios.size() * (spec.zero_point ? 1 : 2) + 1));
   if (ratios.empty()) throw std::invalid_argument("rtn_quantize_weighted: no clip ratio to try");
   const DeviceBuffer<float> cw_d = upload(cw, size_t(w.K())), r_d = upload(ratios.data(), ratios.size());
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
@@ -178,6 +184,7 @@ void CudaBackend::rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, con
 
 void CudaBackend::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) {
   const OpScope op(*dev_, "rtn_ratios");
+  dev_->count_flops(8.0 * double(w.rows * w.cols));
   check(spec);
   const int64_t G = num_blocks(w.K(), spec.block);
   QuantSpec sym = spec;
@@ -199,6 +206,8 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
   const int64_t K = w.K(), B = spec.block, G = num_blocks(K, B);
   const std::vector<float> ratios = opt.ratios.empty() ? std::vector<float>{1.0f} : opt.ratios;
   const int64_t R = int64_t(ratios.size()), C = R * ((opt.both_signs && !spec.zero_point) ? 2 : 1);
+  // Per candidate: the residual and its loss (~10 flops an element) and E = G_g D_g, 2·B a element.
+  dev_->count_flops(double(C) * double(K * w.N()) * (10.0 + 2.0 * double(B)));
   // Only the diagonal blocks are read: [G, B, B] on the device, the last one zero-padded.
   DeviceBuffer<float> gb(*dev_, size_t(G * B * B));
   {

@@ -76,6 +76,11 @@ void DeviceLayer::to_host_2d(void* dst, size_t dpitch, const void* src, size_t s
 
 void DeviceLayer::count_launch(uint64_t n) { count(&OpTransfers::launches, n); }
 
+void DeviceLayer::count_flops(double fp32, double fp64) {
+  count(&OpTransfers::flops, uint64_t(fp32));
+  count(&OpTransfers::flops_fp64, uint64_t(fp64));
+}
+
 void DeviceLayer::count_host_fallback() {
   ledger_.total.host_fallback = true;
   if (op_) op_->host_fallback = true;

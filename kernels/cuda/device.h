@@ -50,6 +50,7 @@ class DeviceLayer {
   // The ledger: launches (kernels and BLAS/solver calls) and host fallbacks are reported by the
   // backend; copies and allocations are counted here.
   void count_launch(uint64_t n = 1);
+  void count_flops(double fp32, double fp64 = 0);
   void count_host_fallback();
   const TransferLedger& ledger() const { return ledger_; }
   // The operation that the counts go to; nested operations count towards the outermost one.

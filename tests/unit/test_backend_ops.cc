@@ -103,12 +103,21 @@ TEST(CudaEmulated, AllocatorEnforcesTheBudgetAndRecordsThePeak) {
       EXPECT_NE(m.find("--device_memory"), std::string::npos) << m;
     }
   }
-  EXPECT_EQ(dev->in_use(), 0u);
+  // Released blocks stay in the pool: still held (a caching allocator's memory is the device's), not live.
+  EXPECT_EQ(dev->in_use_live(), 0u);
+  EXPECT_EQ(dev->in_use(), gpu::DeviceLayer::counted(300000) + gpu::DeviceLayer::counted(500000));
   EXPECT_EQ(dev->peak(), gpu::DeviceLayer::counted(300000) + gpu::DeviceLayer::counted(500000));
   const uint64_t peak = dev->peak();
   EXPECT_EQ(peak, 300032u + 500224u);  // each rounded up to 256 bytes
-  gpu::DeviceBuffer<float> d(*dev, 1000);
-  EXPECT_EQ(dev->peak(), peak);  // a smaller allocation later leaves the peak
+  {
+    gpu::DeviceBuffer<uint8_t> again(*dev, 300000);  // served by the pool: nothing more held
+    EXPECT_EQ(dev->in_use(), peak);
+    EXPECT_EQ(dev->peak(), peak);
+  }
+  // A request that does not fit beside the pool empties it first instead of failing.
+  gpu::DeviceBuffer<uint8_t> big(*dev, 900000);
+  EXPECT_EQ(dev->in_use(), gpu::DeviceLayer::counted(900000));
+  EXPECT_EQ(dev->peak(), gpu::DeviceLayer::counted(900000));
 }
 
 // The shared scalar arithmetic of the kernels (hd_float.h) against kernels/dtype.h: every half and

@@ -2,12 +2,17 @@
 // are produced, the graph is written last. Everything goes to hidden temporary names in the
 // output folder and is renamed into place by commit(); a writer destroyed without commit()
 // (any error, any exception) removes what it wrote, so a failed run leaves no half model.
+// The data file is named after its content (output_files.h), so an overwrite has one commit point,
+// the graph's rename: a run killed at any moment leaves the old graph and data or the new ones.
 #pragma once
 #include <onnx/onnx-ml.pb.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "loaders/content_hash.h"
+#include "loaders/output_files.h"
 
 namespace nibble {
 
@@ -37,7 +42,8 @@ class ModelWriter {
   // kernel (copy_file_range: no pages of the source are mapped into this process).
   void put_from_file(onnx::TensorProto& t, const std::string& src_path, uint64_t offset, uint64_t n);
 
-  // Writes the graph and renames the data and graph files into place.
+  // Names the data file, writes the graph (its tensors' locations set to that name), renames both into
+  // place, the graph last, and removes the data files of the output it replaced.
   void commit(const onnx::ModelProto& model);
 
   // Replay (resuming a run): until end_replay(), put() writes nothing and only lays tensors out as the
@@ -48,6 +54,7 @@ class ModelWriter {
   const std::vector<std::string>& inline_log() const { return inline_log_; }
 
   const std::string& out_path() const { return out_path_; }
+  // The data file: its temporary until commit(), then its final name ("" if no tensor went there).
   const std::string& data_path() const { return data_path_; }
   uint64_t data_bytes() const { return data_size_; }
 
@@ -57,15 +64,27 @@ class ModelWriter {
   static constexpr uint64_t alignment(uint64_t n) { return n >= 4096 ? 4096 : 64; }
 
  private:
+  void check_output(const Options& options);
+  void create_folder();
+  void open_data(const Options& options);
   void write_all(int fd, const void* data, uint64_t n, const std::string& what);
+  // Appends to the data file, hashing what goes in.
+  void append(const void* data, uint64_t n);
   // Pads the data file for a tensor of n bytes; returns its offset.
   uint64_t align_for(uint64_t n);
   void set_external(onnx::TensorProto& t, uint64_t offset, uint64_t n);
   void cleanup() noexcept;
+  // commit()'s steps (model_commit.cc).
+  void finish_data();
+  void write_graph(const onnx::ModelProto& model);
+  void rename_into_place();
+  void remove_old_data() noexcept;
 
-  std::string out_path_, data_path_, data_location_;
+  std::string out_path_, out_dir_, out_name_, data_path_, data_location_;
   std::string tmp_graph_, tmp_data_;
-  std::vector<std::string> created_dirs_;
+  std::vector<std::string> created_dirs_, protected_;
+  ContentHash hash_;
+  std::vector<uint8_t> copy_buffer_;
   int data_fd_ = -1;
   uint64_t data_size_ = 0;
   bool committed_ = false;
@@ -74,8 +93,5 @@ class ModelWriter {
   std::vector<std::string> inline_log_, replay_log_;
   size_t replay_next_ = 0;
 };
-
-// Removes temporary files left in `dir` by nibble runs that were killed (their pid is gone).
-void remove_stale_temporaries(const std::string& dir);
 
 }  // namespace nibble

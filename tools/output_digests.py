@@ -63,7 +63,10 @@ def main() -> int:
         if p.returncode != 0:
             result[name] = {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else str(p.returncode)}
         else:
-            result[name] = {"graph": sha(out), "data": sha(out + ".data")}
+            import onnx
+            m = onnx.load(out, load_external_data=False)  # the data file is OUT.<hash of its content>.data
+            loc = next(e.value for t in m.graph.initializer for e in t.external_data if e.key == "location")
+            result[name] = {"graph": sha(out), "data": sha(os.path.join(os.path.dirname(out), loc))}
         print(name, json.dumps(result[name]), flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "loaders/durable.h"
 #include "loaders/error.h"
 
 namespace nibble {
@@ -94,11 +95,20 @@ void write_json_file(const std::string& path, const nlohmann::json& report) {
       throw Error("cannot write report " + p.string());
     }
   }
+  // fsynced before the rename and the folder after: a checkpoint must survive a crash of the machine
+  // whole, as the old one or the new one.
+  try {
+    sync_file(tmp);
+  } catch (const Error& e) {
+    std::remove(tmp.c_str());
+    throw Error("cannot write report " + p.string() + ": " + e.what());
+  }
   fs::rename(tmp, p, ec);
   if (ec) {
     std::remove(tmp.c_str());
     throw Error("cannot write report " + p.string() + ": " + ec.message());
   }
+  sync_folder(p.parent_path().string());
 }
 
 }  // namespace nibble

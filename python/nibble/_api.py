@@ -167,8 +167,12 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
         if output_path is None:
             return onnx.load(out, load_external_data=True)
         if not use_external_data_format:
+            # The data file is the one the graph names (OUT.<hash of its content>.data).
+            locs = {e.value for t in onnx.load(out, load_external_data=False).graph.initializer
+                    for e in t.external_data if e.key == "location"}
             model = onnx.load(out, load_external_data=True)
-            os.remove(out + ".data")
+            for loc in locs:
+                os.remove(os.path.join(os.path.dirname(out), loc))
             onnx.save_model(model, out)
             return model
         return onnx.load(out, load_external_data=False)

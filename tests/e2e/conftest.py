@@ -48,6 +48,22 @@ def listing(folder: str) -> list[str]:
     return sorted(out)
 
 
+def data_file(model_path: str) -> str:
+    """Path of the one external data file the graph at model_path references (nibble names it
+    OUT.<hash of its content>.data); "" if every tensor is inline."""
+    m = onnx.load(model_path, load_external_data=False)
+    locs = {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}
+    assert len(locs) <= 1, f"{model_path} references several data files: {sorted(locs)}"
+    return os.path.join(os.path.dirname(os.path.abspath(model_path)), locs.pop()) if locs else ""
+
+
+def is_data_file_of(out_name: str, name: str) -> bool:
+    """name is OUT.<16 hex>.data of the output named out_name."""
+    mid = name[len(out_name) + 1:-len(".data")]
+    return (name.startswith(out_name + ".") and name.endswith(".data") and len(mid) == 16
+            and all(c in "0123456789abcdef" for c in mid))
+
+
 @dataclasses.dataclass
 class Result:
     args: list[str]

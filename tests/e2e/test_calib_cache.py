@@ -13,6 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
+from .conftest import data_file
 from .test_calib import make_tiny, random_texts
 
 ARGS = ["--algo", "awq_lite", "--block_size", "16", "--calib_size", "4", "--calib_seq_len", "8"]
@@ -30,7 +31,7 @@ def write_jsonl(path: str, seed: int) -> None:
 
 
 def read_all(out: str) -> bytes:
-    with open(out, "rb") as f, open(out + ".data", "rb") as g:
+    with open(out, "rb") as f, open(data_file(out), "rb") as g:
         return f.read() + g.read()
 
 

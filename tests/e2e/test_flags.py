@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
+from .conftest import data_file
 from .test_calib import make_npz, make_tiny
 
 BLOCK = ["--block_size", "16"]
@@ -30,7 +31,7 @@ def no_effect_lines(stderr: str, flag: str) -> list[str]:
 
 
 def read_all(out: str) -> bytes:
-    with open(out, "rb") as f, open(out + ".data", "rb") as g:
+    with open(out, "rb") as f, open(data_file(out), "rb") as g:
         return f.read() + g.read()
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from . import models as M
 from . import reference as R
-from .conftest import Graph, attrs, ort_run
+from .conftest import Graph, attrs, data_file, ort_run
 
 H_SMALL = dict(hidden=16, inter=32, vocab=16)   # depth tests: tiny layers, many of them
 
@@ -88,7 +88,7 @@ def int8_weights(rep) -> set[str]:
 
 
 def output_size(path: str) -> int:
-    return os.path.getsize(path) + os.path.getsize(path + ".data")
+    return os.path.getsize(path) + os.path.getsize(data_file(path))
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 
 from . import models
-from .conftest import Graph, folder_digest
+from .conftest import Graph, data_file, folder_digest
 from .reference import rtn_quantize
 
 
@@ -34,8 +34,8 @@ def test_genai_folder_gives_genai_folder(nibble, tmp_path):
     out = tmp_path / "out" / "model-int4.onnx"
     nibble.quantize(src, str(out), "--algo", "rtn_dq")
     files = sorted(os.listdir(out.parent))
-    assert files == ["genai_config.json", "model-int4.onnx", "model-int4.onnx.data", "special_tokens_map.json",
-                     "tokenizer.json", "tokenizer_config.json"], files
+    assert files == sorted(["genai_config.json", "model-int4.onnx", os.path.basename(data_file(str(out))),
+                            "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]), files
     cfg = json.load(open(out.parent / "genai_config.json"))
     assert cfg["model"]["decoder"]["filename"] == "model-int4.onnx"  # follows the renamed model
     assert cfg["model"]["decoder"]["head_size"] == 8                  # everything else kept
@@ -61,7 +61,8 @@ def test_output_beside_input_leaves_genai_files_alone(nibble, tmp_path):
     assert r.returncode == 0, r.describe()
     after = folder_digest(str(tmp_path / "in"))
     assert {k: after[k] for k in before} == before  # every input file untouched
-    assert sorted(set(after) - set(before)) == ["model-int4.onnx", "model-int4.onnx.data"]
+    new_data = os.path.basename(data_file(str(tmp_path / "in" / "model-int4.onnx")))
+    assert sorted(set(after) - set(before)) == ["model-int4.onnx", new_data]
     assert json.load(open(tmp_path / "in" / "genai_config.json"))["model"]["decoder"]["filename"] == "model.onnx"
 
 
@@ -111,7 +112,7 @@ def test_weights_beyond_4gib_offsets(nibble, tmp_path):
         codes, _ = got.int4(name + "_i4")
         np.testing.assert_array_equal(codes, ref.q)
         np.testing.assert_array_equal(got.array(name + "_scale"), ref.scale_2d())
-    assert os.path.getsize(str(out) + ".data") < 1 << 20  # the output is small and dense
+    assert os.path.getsize(data_file(str(out))) < 1 << 20  # the output is small and dense
     x = rng.standard_normal((3, k)).astype(np.float32)
     so = ort.SessionOptions()  # fp32 activations in the fused MatMulNBits
     so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")

@@ -5,10 +5,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "loaders/error.h"
 #include "loaders/model_writer.h"
 #include "loaders/onnx_model.h"
+#include "loaders/owner.h"
 
 namespace fs = std::filesystem;
 using namespace nibble;
@@ -167,25 +169,39 @@ TEST_F(LoaderTest, WriterLeavesNothingWithoutCommit) {
 
 TEST_F(LoaderTest, WriterCommitsAndRefusesToOverwrite) {
   const std::string out = (dir_ / "out.onnx").string();
-  onnx::ModelProto m = model("out.onnx.data", 0, 32);
-  {
-    ModelWriter w(out, {});
+  // Writes a model whose one external tensor holds `fill`; returns the data file's path.
+  auto write = [&](const ModelWriter::Options& o, uint8_t fill) {
+    onnx::ModelProto m = model("out.onnx.data", 0, 32);
+    ModelWriter w(out, o);
     onnx::TensorProto small, big;
-    std::vector<uint8_t> a(10, 1), b(5000, 2);
+    std::vector<uint8_t> a(10, 1), b(5000, fill);
     w.put(small, a.data(), a.size());
     w.put(big, b.data(), b.size());
     EXPECT_EQ(small.raw_data().size(), 10u);  // below the inline threshold
     EXPECT_EQ(big.external_data(1).value(), "0");
+    *m.mutable_graph()->mutable_initializer(0) = big;
+    m.mutable_graph()->mutable_initializer(0)->set_name("w");
     w.commit(m);
-  }
+    return w.data_path();
+  };
+  const std::string first = write({}, 2);
   EXPECT_TRUE(fs::exists(out));
-  EXPECT_EQ(fs::file_size(dir_ / "out.onnx.data"), 5000u);
+  EXPECT_EQ(fs::path(first).parent_path(), dir_);
+  EXPECT_TRUE(is_hashed_data_file("out.onnx", fs::path(first).filename().string())) << first;
+  EXPECT_EQ(fs::file_size(first), 5000u);
+  std::set<std::string> locations;
+  ASSERT_TRUE(external_locations(out, &locations));
+  EXPECT_EQ(locations, std::set<std::string>{fs::path(first).filename().string()});  // the name, set at commit
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().find(".nibble-tmp-"), std::string::npos);
   EXPECT_THROW(ModelWriter(out, {}), Error);
   ModelWriter::Options force;
   force.force = true;
-  EXPECT_NO_THROW(ModelWriter(out, force));
+  EXPECT_EQ(write(force, 2), first);  // the same content: the same name
+  const std::string second = write(force, 3);
+  EXPECT_NE(second, first);
+  EXPECT_FALSE(fs::exists(first));  // the old output's data goes with it
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
   ModelWriter::Options prot;
   prot.force = true;
   prot.protected_paths = {fs::weakly_canonical(out).string()};
@@ -228,12 +244,22 @@ TEST_F(LoaderTest, WriterResumesAndReplaysTheSameLayout) {
   EXPECT_EQ(t2.external_data(1).value(), offsets_first);
   w.put(t3, c.data(), c.size());
   w.commit(model("out.onnx.data", 0, 32));
-  std::ifstream f(dir_ / "out.onnx.data", std::ios::binary);
+  std::ifstream f(w.data_path(), std::ios::binary);
   std::vector<char> got((std::istreambuf_iterator<char>(f)), {});
   ASSERT_EQ(got.size(), std::stoull(t3.external_data(1).value()) + c.size());
   EXPECT_EQ(got[std::stoull(offsets_first)], 2);       // the first run's bytes kept
   EXPECT_EQ(got[std::stoull(t3.external_data(1).value())], 3);
   EXPECT_FALSE(fs::exists(data));  // moved into place
+  // Named after all its bytes, those of the stopped run included: as one uninterrupted writer names them.
+  ModelWriter::Options force;
+  force.force = true;
+  ModelWriter once((dir_ / "once.onnx").string(), force);
+  onnx::TensorProto u1, u2, u3;
+  once.put(u1, a.data(), a.size());
+  once.put(u2, b.data(), b.size());
+  once.put(u3, c.data(), c.size());
+  once.commit(model("once.onnx.data", 0, 32));
+  EXPECT_EQ(fs::path(once.data_path()).filename().string().substr(4), fs::path(w.data_path()).filename().string().substr(3));
 }
 
 TEST_F(LoaderTest, WriterReplayNoticesAnotherLayout) {
@@ -260,10 +286,32 @@ TEST_F(LoaderTest, WriterReplayNoticesAnotherLayout) {
 }
 
 TEST_F(LoaderTest, StaleTemporariesOfDeadRunsAreRemoved) {
-  std::ofstream(dir_ / ".out.onnx.nibble-tmp-999999999") << "x";
-  const std::string mine = ".out.onnx.nibble-tmp-" + std::to_string(::getpid());
-  std::ofstream(dir_ / mine) << "x";
+  Owner dead = current_owner();
+  dead.start_time += 1;  // this pid, but another process: one that was killed
+  const std::string stale = ".out.onnx.nibble-tmp-" + owner_tag(dead);
+  const std::string legacy = ".out.onnx.nibble-tmp-999999999";  // no owner to check: left alone
+  const std::string mine = temporary_name("out.onnx");
+  for (const auto& n : {stale, legacy, mine}) std::ofstream(dir_ / n) << "x";
   remove_stale_temporaries(dir_.string());
-  EXPECT_FALSE(fs::exists(dir_ / ".out.onnx.nibble-tmp-999999999"));
+  EXPECT_FALSE(fs::exists(dir_ / stale));
+  EXPECT_TRUE(fs::exists(dir_ / legacy));
   EXPECT_TRUE(fs::exists(dir_ / mine));  // a live run's files stay
+}
+
+// A data file no graph references is removed, unless a live run writes that output (its data goes into
+// place before its graph); other outputs' files and OUT.data are not judged.
+TEST_F(LoaderTest, StrayDataFilesGoOnlyWhenNoLiveRunWritesTheOutput) {
+  const std::string stray = "out.onnx.0123456789abcdef.data";
+  const std::string live_tmp = temporary_name("out.onnx");
+  for (const auto& n : {stray, std::string("out.onnx.data"), std::string("other.onnx.0123456789abcdef.data"), live_tmp})
+    std::ofstream(dir_ / n) << "x";
+  remove_stray_data_files(dir_.string(), "out.onnx", {});
+  EXPECT_TRUE(fs::exists(dir_ / stray));
+  fs::remove(dir_ / live_tmp);
+  remove_stray_data_files(dir_.string(), "out.onnx", {fs::weakly_canonical(dir_ / stray).string()});
+  EXPECT_TRUE(fs::exists(dir_ / stray));  // kept: an input file
+  remove_stray_data_files(dir_.string(), "out.onnx", {});
+  EXPECT_FALSE(fs::exists(dir_ / stray));
+  EXPECT_TRUE(fs::exists(dir_ / "out.onnx.data"));
+  EXPECT_TRUE(fs::exists(dir_ / "other.onnx.0123456789abcdef.data"));
 }

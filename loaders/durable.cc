@@ -1,0 +1,34 @@
+#include "loaders/durable.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "loaders/error.h"
+
+namespace nibble {
+
+void sync_file(int fd, const std::string& what) {
+  if (::fsync(fd) != 0) throw Error("writing " + what + ": " + errno_text(errno));
+}
+
+namespace {
+void sync_path(const std::string& path, int flags, const std::string& what) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  // A folder one may write in but not list cannot be opened to be synced: its renames are as durable as
+  // the filesystem makes them, and that is no reason to fail a run.
+  if (fd < 0 && (flags & O_DIRECTORY) && errno == EACCES) return;
+  if (fd < 0) throw Error("cannot open " + path + ": " + errno_text(errno));
+  const int rc = ::fsync(fd), e = errno;
+  ::close(fd);
+  // Some filesystems cannot fsync a folder (EINVAL): nothing more can be done there.
+  if (rc != 0 && !(e == EINVAL && (flags & O_DIRECTORY))) throw Error("writing " + what + ": " + errno_text(e));
+}
+}  // namespace
+
+void sync_file(const std::string& path) { sync_path(path, O_RDONLY, path); }
+
+void sync_folder(const std::string& dir) { sync_path(dir, O_RDONLY | O_DIRECTORY, "folder " + dir); }
+
+}  // namespace nibble

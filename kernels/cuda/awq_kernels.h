@@ -199,6 +199,18 @@ struct ColumnDotBody {
   }
 };
 
+// out[r] = Σ_n a[r * N + n], n ascending (one row per index): the host's order for the same sum.
+struct RowSumBody {
+  const double* a;
+  int64_t N;
+  double* out;
+  NIBBLE_HD void operator()(int64_t r) const {
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n) s += a[r * N + n];
+    out[r] = s;
+  }
+};
+
 // Cholesky helpers: add `shift` to the diagonal; U (row-major upper, float) from the column-major
 // lower factor of the same array (its transpose), the strict lower triangle zero.
 struct ShiftDiagonalBody {

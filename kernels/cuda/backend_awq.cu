@@ -17,11 +17,10 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
                                           const std::vector<float>* clip) {
   const WeightView& v = p.view;
   const int64_t K = v.K(), width = p.width, n = K * width;
-  const DeviceBuffer<float> s_d = upload(s, size_t(K));
   // W ⊙ s: fp32 when each block picks a clip ratio (scales rounded to the weight dtype), else rounded.
   const int qdt = clip ? int(DType::kFloat32) : v.dtype;
   DeviceBuffer<uint8_t> scaled(*dev_, size_t(n) * (clip ? 4 : dtype_size(DType(v.dtype))));
-  launch(*dev_, n, ScaleBody{v.data, v.dtype, qdt, v.cols, v.k_axis, s_d.get(), scaled.get()});
+  launch(*dev_, n, ScaleBody{v.data, v.dtype, qdt, v.cols, v.k_axis, s, scaled.get()});
   const WeightView sv{scaled.get(), qdt, v.rows, v.cols, v.k_axis};
   QuantSpec qs = spec;
   if (clip) qs.scale_dtype = DType(v.dtype);
@@ -29,7 +28,7 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
   const BlockShape shape{spec.bits, spec.block, spec.zero_point, int(scale_type(qs, DType(qdt)))};
   if (clip) {
     DeviceBuffer<float> energy(*dev_, size_t(K));
-    launch(*dev_, K, EnergyF32Body{diag, s_d.get(), energy.get()});
+    launch(*dev_, K, EnergyF32Body{diag, s, energy.get()});
     const DeviceBuffer<float> r = upload(clip->data(), clip->size());
     launch(*dev_, int64_t(q.scales.size()), RtnWeightedBody{sv, shape, q.out(), energy.get(), r.get(), int64_t(clip->size())});
     dev_->synchronize();
@@ -38,7 +37,7 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
   }
   DeviceBuffer<float> d(*dev_, size_t(n));
   launch(*dev_, n, AwqDiffBody{v, q.codes.get(), q.scales.get(), spec.zero_point ? q.zero_points.get() : nullptr, spec.block,
-                        qdt, s_d.get(), d.get()});
+                        qdt, s, d.get()});
   dev_->synchronize();
   return d;
 }
@@ -113,24 +112,24 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
     gram_rows = std::min<int64_t>(K, int64_t(left / (uint64_t(K) * 4 + uint64_t(width) * 4 + 512)));
     if (gram_rows < 1) throw std::runtime_error("awq_losses: no Gram row fits the device memory budget");
   }
-  std::vector<std::vector<double>> acc(scales.size(), std::vector<double>(size_t(N), 0.0));
+  // The candidate scales go up once; each column's loss stays on the device, and only one sum per
+  // scale comes back, summed over the columns in order as the host did.
+  const int64_t S = int64_t(scales.size());
+  DeviceBuffer<float> s_all(*dev_, size_t(S * K));
+  for (int64_t si = 0; si < S; ++si) dev_->to_device(s_all.get() + si * K, scales[size_t(si)], size_t(K) * 4);
+  DeviceBuffer<double> acc(*dev_, size_t(S * N)), sums(*dev_, size_t(S));
+  dev_->fill_zero(acc.get(), acc.bytes());
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     const Panel p = upload_panel(w, n0, std::min(width, N - n0));
-    for (size_t si = 0; si < scales.size(); ++si) {
-      const DeviceBuffer<float> d = awq_diff(p, spec, scales[si], diag.get(), clip);
-      DeviceBuffer<double> a(*dev_, size_t(p.width));
-      dev_->fill_zero(a.get(), a.bytes());
-      gram_columns(g, resident, gram_rows, d, p.width, a.get());
-      dev_->synchronize();
-      dev_->to_host(acc[si].data() + n0, a.get(), a.bytes());
+    for (int64_t si = 0; si < S; ++si) {
+      const DeviceBuffer<float> d = awq_diff(p, spec, s_all.get() + si * K, diag.get(), clip);
+      gram_columns(g, resident, gram_rows, d, p.width, acc.get() + si * N + n0);
     }
   }
+  launch(*dev_, S, RowSumBody{acc.get(), N, sums.get()});
+  const std::vector<double> total = download(sums);
   std::vector<double> out;
-  for (const auto& col : acc) {
-    double sum = 0;
-    for (double v : col) sum += v;
-    out.push_back(sum / (double(g.rows) * double(N)));
-  }
+  for (double sum : total) out.push_back(sum / (double(g.rows) * double(N)));
   return out;
 }
 

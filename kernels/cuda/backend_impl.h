@@ -167,7 +167,7 @@ class CudaBackend final : public Backend {
   template <class T>
   std::vector<T> download(const DeviceBuffer<T>& b);
   std::vector<uint8_t> elementwise(const WeightMatrix& w, const float* v, size_t v_len, int mode);
-  // AWQ loss pieces (backend_awq.cu): D = W - Ŵ/s of one panel for one scale vector, and the
+  // AWQ loss pieces (backend_awq.cu): D = W - Ŵ/s of one panel for one scale vector (on the device), and the
   // per-column sums of D ⊙ (G D) or (U D)² over Gram row panels of `gram_rows` rows.
   DeviceBuffer<float> awq_diff(const Panel& p, const QuantSpec& spec, const float* s, const float* diag,
                                const std::vector<float>* clip);

@@ -42,8 +42,8 @@ struct DeviceQuant {
   DeviceBuffer<uint8_t> codes, zero_points;
   DeviceBuffer<uint8_t> packed;  // the codes in ONNX 4-bit packing, when they come back packed
   DeviceBuffer<float> scales;
+  DeviceBuffer<uint16_t> scales16;  // the scales in their 16-bit type, when they come back so
   DeviceBuffer<double> error;      // per block [G, width]
-  DeviceBuffer<double> col_error;  // per column [width]: what comes back
   QuantOut out() const { return QuantOut{codes.get(), scales.get(), zero_points.get(), error.get()}; }
 };
 
@@ -153,10 +153,17 @@ class CudaBackend final : public Backend {
   int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
   Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);
   DeviceQuant quant_buffers(const WeightView& v, const QuantSpec& spec);
-  // Copies a panel's codes (packed: into out.packed, else into out.codes), scales and zero points into
-  // `out` (laid out for the whole weight) and its per-column errors into err_n ([N]).
+  // What comes back of a quantized weight, laid out for the whole weight: codes (or their packed form),
+  // scales (or their 16-bit form when the scale type is 16 bits wide), zero points, per-column errors.
+  struct HostQuant {
+    QuantResult& out;
+    std::vector<uint16_t> scales16;
+    DeviceBuffer<double> err_n;  // per column [N], on the device: only their sum comes back
+  };
+  // Copies a panel's codes (packed: into out.packed, else into out.codes), scales and zero points, and
+  // its per-column errors, into `h`.
   void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q, bool packed,
-                      QuantResult& out, std::vector<double>& err_n);
+                      HostQuant& h);
   // The RTN family: per column panel, `run(panel, panel buffers)` launches its bodies; the panel is
   // as wide as fits beside `fixed` bytes with `scratch_per_column` more bytes for each column.
   template <class Run>

@@ -72,16 +72,25 @@ DeviceQuant CudaBackend::quant_buffers(const WeightView& v, const QuantSpec& spe
 }
 
 void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q,
-                                 bool packed, QuantResult& out, std::vector<double>& err_n) {
+                                 bool packed, HostQuant& h) {
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block), n0 = p.n0, wd = p.width;
-  // Each column's error summed over its blocks on the device (g in order): one double a column comes back.
-  q.col_error = DeviceBuffer<double>(*dev_, size_t(wd));
-  launch(*dev_, wd, ColumnSumBody{q.error.get(), G, wd, q.col_error.get()});
+  QuantResult& out = h.out;
+  // Each column's error summed over its blocks on the device (g in order).
+  launch(*dev_, wd, ColumnSumBody{q.error.get(), G, wd, h.err_n.get() + n0});
   if (packed) {
     const int64_t n = K * wd;
     q.packed = DeviceBuffer<uint8_t>(*dev_, size_t((n + 1) / 2));
     launch(*dev_, (n + 1) / 2, PackOnnxBody{q.codes.get(), n, q.packed.get()});
   }
+  const bool narrow = !h.scales16.empty();
+  if (narrow) {
+    q.scales16 = DeviceBuffer<uint16_t>(*dev_, q.scales.size());
+    launch(*dev_, int64_t(q.scales.size()),
+           NarrowScalesBody{q.scales.get(), int(scale_type(spec, w.dtype)), q.scales16.get()});
+  }
+  const size_t ssz = narrow ? 2 : 4;
+  uint8_t* scales_host = narrow ? reinterpret_cast<uint8_t*>(h.scales16.data()) : reinterpret_cast<uint8_t*>(out.scales.data());
+  const void* scales_dev = narrow ? static_cast<const void*>(q.scales16.get()) : static_cast<const void*>(q.scales.get());
   dev_->synchronize();
   if (w.k_axis == 0) {  // codes [K, N], params [G, N]: strided rows
     if (packed)  // N and wd even: each row of the panel is wd / 2 whole bytes of the packed weight
@@ -89,7 +98,8 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
                        size_t(K));
     else
       dev_->to_host_2d(out.codes.data() + n0, size_t(N), q.codes.get(), size_t(wd), size_t(wd), size_t(K));
-    dev_->to_host_2d(out.scales.data() + n0, size_t(N) * 4, q.scales.get(), size_t(wd) * 4, size_t(wd) * 4, size_t(G));
+    dev_->to_host_2d(scales_host + size_t(n0) * ssz, size_t(N) * ssz, scales_dev, size_t(wd) * ssz, size_t(wd) * ssz,
+                     size_t(G));
     if (spec.zero_point)
       dev_->to_host_2d(out.zero_points.data() + n0, size_t(N), q.zero_points.get(), size_t(wd), size_t(wd), size_t(G));
   } else {  // codes [N, K], params [N, G]: consecutive rows
@@ -97,10 +107,9 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
       dev_->to_host(out.packed.data() + n0 * K / 2, q.packed.get(), q.packed.bytes());
     else
       dev_->to_host(out.codes.data() + n0 * K, q.codes.get(), q.codes.bytes());
-    dev_->to_host(out.scales.data() + n0 * G, q.scales.get(), q.scales.bytes());
+    dev_->to_host(scales_host + size_t(n0 * G) * ssz, scales_dev, q.scales.size() * ssz);
     if (spec.zero_point) dev_->to_host(out.zero_points.data() + n0 * G, q.zero_points.get(), q.zero_points.bytes());
   }
-  dev_->to_host(err_n.data() + n0, q.col_error.get(), q.col_error.bytes());
 }
 
 namespace {
@@ -129,9 +138,12 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);
   out.zero_points.assign(spec.zero_point ? size_t(G * N) : 0, 0);
-  std::vector<double> err_n(size_t(N), 0.0);
+  // Scales of a 16-bit type come back in it (exact: they are rounded to it already).
+  const int st = int(scale_type(spec, w.dtype));
+  HostQuant h{out, std::vector<uint16_t>(st == hd::kF16 || st == hd::kBF16 ? size_t(G * N) : 0),
+              DeviceBuffer<double>(*dev_, size_t(N))};
   const uint64_t per_col =
-      uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(K + 1) / 2 + uint64_t(G) * (4 + 1 + 8) + 8 + scratch_per_column;
+      uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(K + 1) / 2 + uint64_t(G) * (4 + 2 + 1 + 8) + 8 + scratch_per_column;
   int64_t width = panel_width(fixed, per_col, N, "quantize");
   if (width < N && width > 1) width -= width % 2;  // panels start on whole bytes of packed codes
   // 4-bit codes come back packed (half the bytes) when every panel is whole bytes of the packed weight.
@@ -141,12 +153,15 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
     Panel p = upload_panel(w, n0, std::min(width, N - n0));
     DeviceQuant q = quant_buffers(p.view, spec);
     run(p, q);
-    download_quant(w, p, spec, q, packed, out, err_n);
+    download_quant(w, p, spec, q, packed, h);
   }
   if (packed) unpack_codes(out.packed, spec.zero_point, out.codes);
+  for (size_t i = 0; i < h.scales16.size(); ++i)
+    out.scales[i] = st == hd::kF16 ? hd::half_to_float(h.scales16[i]) : hd::bf16_to_float(h.scales16[i]);
   // Summed in one fixed order (columns in order, each over its blocks in order), whatever the panels were.
-  out.sq_error = 0;
-  for (double e : err_n) out.sq_error += e;
+  DeviceBuffer<double> total(*dev_, 1);
+  launch(*dev_, 1, RowSumBody{h.err_n.get(), N, total.get()});
+  out.sq_error = download(total)[0];
 }
 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {

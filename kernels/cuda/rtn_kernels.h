@@ -166,6 +166,16 @@ struct RtnRatiosBody {
   }
 };
 
+// Scales rounded to a 16-bit type already, in that type (exact): what comes back over the bus.
+struct NarrowScalesBody {
+  const float* in;
+  int dtype;  // kF16 or kBF16
+  uint16_t* out;
+  NIBBLE_HD void operator()(int64_t i) const {
+    out[i] = dtype == hd::kF16 ? hd::float_to_half(in[i]) : hd::float_to_bf16(in[i]);
+  }
+};
+
 // Per column n of a panel, the sum of its block errors err[g * width + n] over g in order.
 struct ColumnSumBody {
   const double* err;

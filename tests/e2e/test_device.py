@@ -106,3 +106,72 @@ def test_emulated_device_streams_within_a_small_budget(nibble, model_cache, tmp_
     s = report["summary"]
     assert s["device_memory_budget_bytes"] == budget
     assert budget // 2 < s["peak_device_memory_bytes"] <= budget
+
+
+# ---- The transfer ledger (summary.device): what a GPU would move, counted exactly on the emulated device.
+
+LEDGER_KEYS = {"h2d_bytes", "d2h_bytes", "allocations", "launches", "ops", "on_host"}
+
+
+def _ledger_run(nibble, src, root, npz, *flags):
+    out = os.path.join(root, "model.onnx")
+    report = os.path.join(root, "r.json")
+    calib = ["--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu"] if npz else []
+    nibble.quantize(src, out, *flags, *calib, "--block_size", "32", "--device", "cuda_emulated", "--report", report,
+                    "--force")
+    with open(report) as f:
+        r = json.load(f)
+    s = r["summary"]
+    assert LEDGER_KEYS <= set(s["device"]), s["device"].keys()
+    return s, s["device"]
+
+
+@pytest.fixture(scope="module")
+def ledger_model(model_cache, tmp_path_factory):
+    spec, src = model_cache.llama(dtype="fp16", hidden=128, inter=256)
+    npz = str(tmp_path_factory.mktemp("ledger") / "calib.npz")
+    np.savez(npz, hidden=np.random.default_rng(3).standard_normal((4, 128, spec.hidden)).astype(np.float16))  # 512 tokens > K: Gram factorisable
+    return spec, src, npz
+
+
+def test_ledger_rtn_moves_each_weight_once_and_packed_codes_back(nibble, model_cache, ledger_model, tmp_path):
+    _, src, _ = ledger_model
+    s, d = _ledger_run(nibble, src, str(tmp_path / "a"), None, "--algo", "rtn_dq")
+    assert d["on_host"] == [] and not d["host_fallback"]
+    assert s["bytes_in"] <= d["h2d_bytes"] <= 1.1 * s["bytes_in"]
+    assert d["d2h_bytes"] <= 1.1 * s["bytes_quantized_out"]
+    # Pooled: a model twice as deep allocates nothing more (no allocation after the first weight of a shape).
+    _, deep = model_cache.llama(dtype="fp16", hidden=128, inter=256, layers=4)
+    _, d4 = _ledger_run(nibble, deep, str(tmp_path / "b"), None, "--algo", "rtn_dq")
+    assert d4["allocations"] == d["allocations"]
+    assert d4["ops"]["rtn_lsq"]["calls"] == 2 * d["ops"]["rtn_lsq"]["calls"]
+
+
+def test_ledger_awq_lite_uploads_each_weight_for_the_search_and_for_the_quantizer(nibble, ledger_model, tmp_path):
+    """awq_lite: the search keeps each weight on the device for its statistic and loss (one upload), the
+    Cholesky factor never comes back, W ⊙ s is quantized where it was computed. The weight still goes up
+    twice (search, then emit), which the whole-model pass's two phases imply."""
+    spec, src, npz = ledger_model
+    s, d = _ledger_run(nibble, src, str(tmp_path), npz, "--algo", "awq_lite")
+    ops, w = d["ops"], s["bytes_in"]
+    assert d["on_host"] == ["awq_scale"]  # K values per candidate: libm's powf
+    assert ops["keep"]["h2d_bytes"] == w
+    assert w <= ops["scale_weight_f32"]["h2d_bytes"] <= 1.02 * w
+    # The loss reads the kept weight and factor: only O(K) vectors go up, the 11 candidate scales and the
+    # Gram diagonal, K at most `inter`.
+    assert ops["awq_losses"]["h2d_bytes"] <= ops["awq_losses"]["calls"] * 12 * spec.inter * 4
+    assert ops["awq_weight_mean"]["h2d_bytes"] == 0
+    assert ops["gram_cholesky_upper"]["d2h_bytes"] == 0
+    assert ops["rtn_weighted"]["h2d_bytes"] < 0.05 * w
+    assert d["d2h_bytes"] <= 1.1 * s["bytes_quantized_out"]
+
+
+def test_ledger_awq_clip_moves_each_weight_once(nibble, ledger_model, tmp_path):
+    _, src, npz = ledger_model
+    s, d = _ledger_run(nibble, src, str(tmp_path), npz, "--algo", "awq_clip")
+    r = json.load(open(str(tmp_path / "r.json")))
+    # The statistic each weight reads: its Gram matrix's diagonal blocks (float64), B = 32.
+    diag_blocks = sum(-(-wt["shape"][0] // 32) * 32 * 32 * 8 for wt in r["weights"])
+    assert d["on_host"] == []
+    assert d["h2d_bytes"] <= 1.1 * (s["bytes_in"] + diag_blocks)
+    assert d["d2h_bytes"] <= 1.1 * s["bytes_quantized_out"]

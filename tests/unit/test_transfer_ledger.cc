@@ -52,7 +52,7 @@ void expect_same(const QuantResult& a, const QuantResult& b) {
 TEST(TransferLedger, CpuHasNone) { EXPECT_EQ(make_cpu_backend()->transfer_ledger(), nullptr); }
 
 // The default RTN: the weight goes up once; the codes come back packed (half a byte each), with the
-// scales (float32) and one error sum per column: nothing else crosses the bus.
+// scales (in their fp16 type) and the error sum: nothing else crosses the bus.
 TEST(TransferLedger, RtnLsqMovesTheWeightOnceAndPackedCodesBack) {
   const Fp16Weight w;
   auto gpu = emulated();
@@ -63,7 +63,7 @@ TEST(TransferLedger, RtnLsqMovesTheWeightOnceAndPackedCodesBack) {
   expect_same(got, want);
   const OpTransfers t = op(*gpu, "rtn_lsq");
   EXPECT_EQ(t.h2d_bytes, w.bytes());
-  EXPECT_EQ(t.d2h_bytes, uint64_t(K * N / 2 + G * N * 4 + N * 8));
+  EXPECT_EQ(t.d2h_bytes, uint64_t(K * N / 2 + G * N * 2 + 8));  // fp16 scales as fp16; one error sum
   EXPECT_FALSE(t.host_fallback);
   EXPECT_GT(t.launches, 0u);
   // The writer's packing is what came back: no transfer at all.

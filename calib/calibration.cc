@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "calib/calib_cache.h"
 #include "kernels/quant_types.h"
 #include "loaders/external_data.h"
 #include "loaders/error.h"
@@ -87,25 +88,6 @@ nlohmann::json input_fingerprints(const CalibrationOptions& o, const std::string
   nlohmann::json out = nlohmann::json::object();
   for (const auto& f : files) out[fs::weakly_canonical(f, ec).string()] = file_fingerprint(f);
   return out;
-}
-
-// What differs between a cache's settings and this run's, for the log.
-std::string settings_diff(const nlohmann::json& old, const nlohmann::json& now) {
-  std::string d;
-  auto add = [&](const std::string& s) { d += (d.empty() ? "" : ", ") + s; };
-  for (const auto& [k, v] : now.items()) {
-    if (!old.is_object() || !old.contains(k)) {
-      add(k);
-    } else if (k == "files" && old[k].is_object()) {
-      for (const auto& [f, fp] : v.items())
-        if (!old[k].contains(f) || old[k][f] != fp) add(f);
-      for (const auto& [f, fp] : old[k].items())
-        if (!v.contains(f)) add(f);
-    } else if (old[k] != v) {
-      add(k);
-    }
-  }
-  return d.empty() ? "an unreadable settings.json" : d;
 }
 
 }  // namespace
@@ -240,27 +222,6 @@ nlohmann::json cache_settings(const CalibrationOptions& o, const std::string& mo
   return settings;
 }
 
-// Whether the cache folder holds statistics measured with exactly these settings (said in the log).
-bool cache_matches(const fs::path& dir, const nlohmann::json& settings) {
-  if (!fs::exists(dir / "index.json") || !fs::exists(dir / "settings.json")) {
-    spdlog::info("--calib_cache {}: empty, calibrating", dir.string());
-    return false;
-  }
-  nlohmann::json old;
-  try {
-    std::ifstream f(dir / "settings.json");
-    old = nlohmann::json::parse(f);
-  } catch (...) {
-  }
-  if (old == settings) {
-    spdlog::info("--calib_cache {}: reusing its statistics (same model, data and settings)", dir.string());
-    return true;
-  }
-  spdlog::info("--calib_cache {}: not reused, calibrating again (different: {})", dir.string(),
-               settings_diff(old, settings));
-  return false;
-}
-
 // calib/capture.py's command line for these options.
 std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::string& model_path, const fs::path& dir,
                                       bool mask_padding, const CalibrationExtras& extras) {
@@ -305,30 +266,28 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
                                               const std::vector<Request>& acts, bool mask_padding,
                                               const Extras& extras) {
   std::unique_ptr<Calibration> c(new Calibration());
-  std::error_code ec;
-  if (!o.calib_cache.empty()) {
-    c->dir_ = fs::absolute(o.calib_cache).string();
-    fs::create_directories(c->dir_, ec);
-    if (ec) throw Error("cannot create --calib_cache folder " + c->dir_ + ": " + ec.message());
+  nlohmann::json req = nlohmann::json::array();
+  for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
+  const bool cached = !o.calib_cache.empty();
+  const nlohmann::json settings = cache_settings(o, model_path, req, mask_padding, extras, cached);
+  std::string out;
+  if (cached) {
+    c->cache_ = std::make_unique<CalibCache>(o.calib_cache, settings);
+    c->dir_ = c->cache_->reusable();
+    if (c->dir_.empty()) out = c->cache_->begin_write();
   } else {
     std::string tmpl = (fs::temp_directory_path() / "nibble-calib-XXXXXX").string();
     if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
-    c->dir_ = tmpl;
+    c->dir_ = out = tmpl;
     c->owned_dir_ = true;
   }
-  const fs::path dir(c->dir_);
-  nlohmann::json req = nlohmann::json::array();
-  for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
-  const nlohmann::json settings = cache_settings(o, model_path, req, mask_padding, extras, !c->owned_dir_);
-  if (c->owned_dir_ || !cache_matches(dir, settings)) {
-    fs::remove(dir / "index.json", ec);
+  if (!out.empty()) {
     {
-      std::ofstream f(dir / "activations.json");
+      std::ofstream f(fs::path(out) / "activations.json");
       f << req.dump();
     }
-    run_child(capture_argv(o, model_path, dir, mask_padding, extras), "calibration: ", o.quiet);
-    std::ofstream f(dir / "settings.json");
-    f << settings.dump();
+    run_child(capture_argv(o, model_path, out, mask_padding, extras), "calibration: ", o.quiet);
+    if (cached) c->dir_ = c->cache_->commit();
   }
   c->read_index(acts);
   return c;

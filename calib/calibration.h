@@ -11,6 +11,8 @@
 
 namespace nibble {
 
+class CalibCache;
+
 // How calibration runs (the calibration flags of `nibble quantize`, same names).
 struct CalibrationOptions {
   std::string calib_cache;      // keep the statistics here and reuse them
@@ -113,6 +115,7 @@ class Calibration {
   };
   std::string dir_;
   bool owned_dir_ = false;
+  std::unique_ptr<CalibCache> cache_;  // --calib_cache: holds the entry's lock while dir_ is read
   int64_t tokens_ = 0;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<MappedFile>> maps_;

@@ -953,6 +953,7 @@ def capture(a) -> int:
             del acc
 
     stats.close()
+    _test_kill_point("calib_capture_written")
     index = {"version": INDEX_VERSION, "samples": batches.samples, "seq_len": batches.seq_len,
              "batch_size": batches.batch_size, "provider": provider_used or providers[0][0],
              "mask_padding": bool(a.mask_padding), "tokens_total": tokens_total,
@@ -1063,10 +1064,34 @@ def grid(a) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """A nibble killed while this runs takes this process with it (Linux), rather than leaving it writing
+    into a temporary folder that the next run removes."""
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the call
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def _test_kill_point(point: str) -> None:
+    """Fault injection for the tests (as nibble's own kill points): NIBBLE_TEST_KILL_AT=<point> kills nibble
+    and this process here, the statistics written but not their index: a kill during a cache write."""
+    if os.environ.get("NIBBLE_TEST_KILL_AT") == point:
+        import signal
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 # --------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
+    _die_with_parent()
     try:
         a = build_parser().parse_args(argv)
         if a.cmd == "capture":

@@ -40,7 +40,7 @@ struct Loaded {
 Loaded load(OnnxModel& model, const PlannedWeight& pw) {
   Loaded l;
   l.view = model.view(*model.initializer(pw.weight));
-  l.w = kernels::WeightMatrix{pw.dtype, l.view.data, pw.rows, pw.cols, pw.k_axis};
+  l.w = kernels::WeightMatrix{pw.dtype, l.view.data, pw.rows, pw.cols, pw.k_axis, {}};
   return l;
 }
 

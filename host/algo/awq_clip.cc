@@ -64,7 +64,7 @@ void ClipSearch::search_modelopt(OnnxModel& model, const Plan& plan, const std::
   size_t done = 0;
   for (const auto& pw : plan.weights) {
     TensorView v = model.view(*model.initializer(pw.weight));
-    kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis};
+    kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}};
     std::vector<uint8_t> scaled;
     if (per_node) {  // awq_full: W ⊙ s* of this node's own search, rounded to the weight dtype
       scaled = backend_.scale_weight(w, per_node->at(pw.weight).scale.data());

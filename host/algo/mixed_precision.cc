@@ -266,11 +266,11 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
   for (const auto& [act, idx] : plan.siblings) {
     const ActivationStats st = calib.stats(act, o.modelopt());
     const std::vector<float> g32 = calib.gram_f32(act);
-    const kernels::GramForm g{st.K, st.rows, g32.data(), nullptr};
+    const kernels::GramForm g{st.K, st.rows, g32.data(), nullptr, {}};
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));
-      kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis};
+      kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}};
       std::vector<float> ones(size_t(pw.K()), 1.0f);
       const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
       const std::vector<float>* clip = awq && !o.modelopt() ? &block_clip_ratios() : nullptr;

@@ -18,7 +18,7 @@ std::vector<uint8_t> divide(OnnxModel& model, kernels::Backend& backend, const o
                             const std::vector<float>& s, bool rows) {
   TensorView v = model.view(t);
   const int64_t K = int64_t(s.size()), other = K ? v.numel / K : 0;
-  const kernels::WeightMatrix w{v.dtype, v.data, rows ? K : other, rows ? other : K, rows ? 1 : 0};
+  const kernels::WeightMatrix w{v.dtype, v.data, rows ? K : other, rows ? other : K, rows ? 1 : 0, {}};
   return backend.divide_columns(w, s.data());
 }
 

@@ -35,7 +35,7 @@ struct Prepared {
 Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* data, const std::vector<float>* s,
                  const std::vector<float>* divisor, bool zero_point, kernels::Backend& backend) {
   Prepared p;
-  p.w = kernels::WeightMatrix{pw.dtype, data, pw.rows, pw.cols, pw.k_axis};
+  p.w = kernels::WeightMatrix{pw.dtype, data, pw.rows, pw.cols, pw.k_axis, {}};
   p.spec.bits = pw.bits;
   p.spec.block = pw.resolved_block();
   p.spec.zero_point = zero_point;

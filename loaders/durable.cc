@@ -3,14 +3,34 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 
 #include "loaders/error.h"
 
 namespace nibble {
 
+namespace {
+
+std::atomic<int64_t> g_fsync_ns{0};
+
+// fsync, its time counted (the cost of durability, in the report).
+int timed_fsync(int fd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  g_fsync_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  errno = e;
+  return rc;
+}
+
+}  // namespace
+
+double fsync_seconds() { return double(g_fsync_ns.load()) * 1e-9; }
+
 void sync_file(int fd, const std::string& what) {
-  if (::fsync(fd) != 0) throw Error("writing " + what + ": " + errno_text(errno));
+  if (timed_fsync(fd) != 0) throw Error("writing " + what + ": " + errno_text(errno));
 }
 
 namespace {
@@ -20,7 +40,7 @@ void sync_path(const std::string& path, int flags, const std::string& what) {
   // the filesystem makes them, and that is no reason to fail a run.
   if (fd < 0 && (flags & O_DIRECTORY) && errno == EACCES) return;
   if (fd < 0) throw Error("cannot open " + path + ": " + errno_text(errno));
-  const int rc = ::fsync(fd), e = errno;
+  const int rc = timed_fsync(fd), e = errno;
   ::close(fd);
   // Some filesystems cannot fsync a folder (EINVAL): nothing more can be done there.
   if (rc != 0 && !(e == EINVAL && (flags & O_DIRECTORY))) throw Error("writing " + what + ": " + errno_text(e));

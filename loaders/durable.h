@@ -13,4 +13,7 @@ void sync_file(const std::string& path);
 // fsync of the folder; throws Error on failure.
 void sync_folder(const std::string& dir);
 
+// Seconds this process has spent in fsync so far (the report's summary.fsync_seconds).
+double fsync_seconds();
+
 }  // namespace nibble

@@ -7,6 +7,7 @@
 #include "host/run/progress.h"
 #include "host/run/report.h"
 #include "host/run/stages.h"
+#include "loaders/durable.h"
 #include "loaders/genai_folder.h"
 
 namespace nibble {
@@ -84,6 +85,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"output_bytes", c.output_bytes},
                              {"mse", e.sq_error / double(e.elements)},
                              {"seconds", secs},
+                             {"fsync_seconds", fsync_seconds()},
                              {"peak_rss_bytes", peak_rss_bytes()},
                              {"genai_files", c.companions}}}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;

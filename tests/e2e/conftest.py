@@ -101,6 +101,13 @@ class Nibble:
         return r
 
 
+def pytest_configure(config):
+    # `slow`: a test that repeats, at length, code that faster tests already run (timed kills, the
+    # same run at several thread counts). The sanitizer pass (scripts/test_sanitize) leaves them out;
+    # the plain pass runs them all.
+    config.addinivalue_line("markers", "slow: long repeats of code other tests run; not in the sanitizer pass")
+
+
 @pytest.fixture(scope="session")
 def nibble() -> Nibble:
     assert os.path.isfile(NIBBLE_BIN) and os.access(NIBBLE_BIN, os.X_OK), (

@@ -33,9 +33,15 @@ def shaped(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
-@pytest.mark.parametrize("fmt", ["dq", "qdq", "matmulnbits"])
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+# Under the sanitizers one case per output kind is enough (the threads split the same loops for every
+# dtype and format); the rest are marked slow.
+KEPT_UNDER_SANITIZERS = {("fp32", "dq", False), ("fp16", "matmulnbits", True), ("fp16", "qdq", True)}
+THREAD_CASES = [pytest.param(d, f, z, id=f"{d}-{f}-{'zp' if z else 'sym'}",
+                             marks=() if (d, f, z) in KEPT_UNDER_SANITIZERS else pytest.mark.slow)
+                for d in ("fp32", "fp16") for f in ("dq", "qdq", "matmulnbits") for z in (False, True)]
+
+
+@pytest.mark.parametrize("dtype,fmt,zp", THREAD_CASES)
 def test_byte_identical_across_runs_and_threads(nibble, shaped, tmp_path, dtype, fmt, zp):
     src = shaped(dtype)
     extra = ["--use_zero_point"] if zp else []
@@ -83,7 +89,12 @@ CALIBRATED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CALIBRATED))
+# awq_clip and the sensitivity run (awq_lite's search inside) stay under the sanitizers.
+CALIBRATED_CASES = [pytest.param(c, marks=() if c in ("awq_clip", "mixed_sensitivity") else pytest.mark.slow)
+                    for c in sorted(CALIBRATED)]
+
+
+@pytest.mark.parametrize("case", CALIBRATED_CASES)
 def test_calibrated_byte_identical_across_threads_and_blas_threads(nibble, shaped, tmp_path, monkeypatch, case):
     src = shaped("fp32")
     digests = {}

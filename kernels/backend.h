@@ -23,7 +23,8 @@ struct GramForm {
   int64_t rows = 0;
   const float* gram32 = nullptr;
   const float* upper = nullptr;  // null (and no upper_resident): the GEMM form Σ D ⊙ (G D)
-  std::shared_ptr<const Resident> upper_resident;  // U kept on the backend (gram_cholesky_kept)
+  std::shared_ptr<const Resident> upper_resident{};  // U kept on the backend (gram_cholesky_kept)
+  std::shared_ptr<const Resident> gram_resident{};   // gram32 kept on the backend (keep_gram)
   bool has_upper() const { return upper || upper_resident; }
 };
 
@@ -131,6 +132,9 @@ class Backend {
   virtual WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);
   // gram_cholesky_upper left on the backend (a device backend keeps U; the CPU returns it in `host`).
   virtual GramFactor gram_cholesky_kept(const double* gram, int64_t K) { return {gram_cholesky_upper(gram, K), {}}; }
+  // The float32 Gram matrix put on the backend for the GEMM form of awq_losses (no factor): every loss
+  // given the returned form reads the backend's copy. The CPU (or a device it does not fit) returns g.
+  virtual GramForm keep_gram(const GramForm& g) { return g; }
 
   // ---- Round to nearest (rtn_ref.h)
   // Plain RTN of one weight, ModelOpt's formulas.

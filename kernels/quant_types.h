@@ -24,7 +24,7 @@ struct WeightMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   int k_axis = 0;
-  std::shared_ptr<const Resident> resident;
+  std::shared_ptr<const Resident> resident{};
 
   int64_t K() const { return k_axis == 0 ? rows : cols; }
   int64_t N() const { return k_axis == 0 ? cols : rows; }

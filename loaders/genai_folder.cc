@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "loaders/durable.h"
 #include "loaders/error.h"
 
 namespace fs = std::filesystem;
@@ -58,14 +59,17 @@ std::vector<std::string> copy_genai_companions(const std::string& in_model, cons
         f << cfg.dump(4) << "\n";
         if (!f) throw Error("cannot write " + tmp.string());
       }
+      sync_file(tmp.string());
       fs::rename(tmp, dst, ec);
       if (ec) throw Error("cannot write " + dst.string() + ": " + ec.message());
     } else {
       fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
       if (ec) throw Error("cannot copy " + src.string() + " to " + dst.string() + ": " + ec.message());
+      sync_file(dst.string());
     }
     copied.push_back(name);
   }
+  if (!copied.empty()) sync_folder(out_dir.string());  // the companions survive a power cut as the model does
   return copied;
 }
 

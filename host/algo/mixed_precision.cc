@@ -266,11 +266,16 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
   for (const auto& [act, idx] : plan.siblings) {
     const ActivationStats st = calib.stats(act, o.modelopt());
     const std::vector<float> g32 = calib.gram_f32(act);
-    const kernels::GramForm g{st.K, st.rows, g32.data(), nullptr, {}};
+    kernels::GramForm g0;
+    g0.K = st.K;
+    g0.rows = st.rows;
+    g0.gram32 = g32.data();
+    // On a device: G goes up once for the sibling weights, each weight once for its two losses.
+    const kernels::GramForm g = backend.keep_gram(g0);
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));
-      kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}};
+      const kernels::WeightMatrix w = backend.keep(kernels::WeightMatrix{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}});
       std::vector<float> ones(size_t(pw.K()), 1.0f);
       const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
       const std::vector<float>* clip = awq && !o.modelopt() ? &block_clip_ratios() : nullptr;

@@ -10,6 +10,7 @@
 #include "host/run/layer_sensitivity.h"
 #include "host/run/layer_state.h"
 #include "host/run/report.h"
+#include "loaders/durable.h"
 #include "loaders/error.h"
 
 namespace fs = std::filesystem;
@@ -69,7 +70,9 @@ template <typename T>
 std::string write_raw(const fs::path& dir, const std::string& name, const std::vector<T>& v) {
   std::ofstream f(dir / name, std::ios::binary);
   f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+  f.close();
   if (!f) throw Error("cannot write " + (dir / name).string());
+  sync_file((dir / name).string());  // before the checkpoint that names it
   return name;
 }
 
@@ -132,6 +135,9 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
   if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
+    std::error_code ec;
+    if (fs::is_directory(quantized_dir(o) / ("g" + std::to_string(g)), ec))
+      sync_folder((quantized_dir(o) / ("g" + std::to_string(g))).string());  // its files' names, before the index
     write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
     const auto ta = std::chrono::steady_clock::now();
     Calibration::advance(copt, model.path(), acts, extras);

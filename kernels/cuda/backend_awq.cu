@@ -86,17 +86,25 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   // over the triangle) or Σ D ⊙ (G D) (2 K² N).
   dev_->count_flops(double(scales.size()) * double(K * N) * (16.0 + (g.has_upper() ? double(K) : 2.0 * double(K))));
   if (g.K != K || !g.gram32) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
-  // The Gram diagonal (clip weights): a 2-D copy of one element per row.
-  DeviceBuffer<float> diag(*dev_, size_t(K));
-  dev_->to_device_2d(diag.get(), 4, g.gram32, size_t(K + 1) * 4, 4, size_t(K));
   // Per panel column: weight, W ⊙ s, codes, D and one row of Y per Gram row, params and errors.
   const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8;
   const uint64_t fixed = uint64_t(K) * 12 + 4096;
   const uint64_t gram_bytes = uint64_t(K) * uint64_t(K) * 4;
   DeviceBuffer<float> uploaded;
-  // U kept on the device by gram_cholesky_kept: read in place, shared by the sibling weights.
+  // U kept on the device by gram_cholesky_kept, or G by keep_gram: read in place, shared by the sibling
+  // weights (G only in the GEMM form, when no factor is given).
   const float* resident = reinterpret_cast<const float*>(kept(g.upper_resident));
   if (g.upper_resident && !resident) throw std::invalid_argument("awq_losses: another backend's Cholesky factor");
+  if (!g.has_upper() && g.gram_resident) {
+    resident = reinterpret_cast<const float*>(kept(g.gram_resident));
+    if (!resident) throw std::invalid_argument("awq_losses: another backend's Gram matrix");
+  }
+  // The Gram diagonal (clip weights): one element per row, from the device's G when it is there.
+  DeviceBuffer<float> diag(*dev_, size_t(K));
+  if (!g.has_upper() && resident)
+    dev_->on_device_2d(diag.get(), 4, resident, size_t(K + 1) * 4, 4, size_t(K));
+  else
+    dev_->to_device_2d(diag.get(), 4, g.gram32, size_t(K + 1) * 4, 4, size_t(K));
   int64_t gram_rows = K, width = 0;
   const int64_t want = std::min<int64_t>(N, 64);
   const uint64_t in_use = dev_->in_use_live(), budget = dev_->budget();

@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
   WeightMatrix keep(const WeightMatrix& w) override;
   WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
   GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
+  GramForm keep_gram(const GramForm& g) override;
 
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,

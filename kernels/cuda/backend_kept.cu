@@ -54,6 +54,19 @@ WeightMatrix CudaBackend::keep(const WeightMatrix& w) {
   return out;
 }
 
+GramForm CudaBackend::keep_gram(const GramForm& g) {
+  if (kept(g.gram_resident) || !g.gram32) return g;
+  const OpScope op(*dev_, "keep_gram");
+  const uint64_t bytes = uint64_t(g.K) * uint64_t(g.K) * 4;
+  if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / 2) return g;  // streams in row panels per loss
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->data = upload(reinterpret_cast<const uint8_t*>(g.gram32), size_t(bytes));
+  GramForm out = g;
+  out.gram_resident = std::move(a);
+  return out;
+}
+
 WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
   const int64_t n = w.rows * w.cols;
   const uint64_t in_bytes = kept(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);

@@ -13,7 +13,7 @@
 #include "kernels/cuda/rtn_kernels.h"
 
 // Unrolled on the GPU, so that the lane arrays index statically and stay in registers.
-#ifdef __CUDACC__
+#ifdef __CUDA_ARCH__  // the device pass only: the host compiler knows no such pragma
 #define NIBBLE_UNROLL _Pragma("unroll")
 #else
 #define NIBBLE_UNROLL

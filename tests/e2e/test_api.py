@@ -104,3 +104,50 @@ def test_feeds_of_different_shapes_refused(small):
     feeds = [{"hidden": small["hidden"][:1]}, {"hidden": small["hidden"][:1, :8]}]
     with pytest.raises(ValueError, match="same shape past axis 0"):
         nibble_api.quantize(small["model"], calibration_data_reader=feeds)
+
+
+@pytest.mark.parametrize("method,extra_kw,extra_flags", [
+    ("gptq", {}, []),
+    ("awq_gptq", {}, []),
+    ("rtn_dq", {"mixed_strategy": "sensitivity"}, ["--mixed_strategy", "sensitivity"]),
+], ids=["gptq", "awq_gptq", "rtn_dq_sensitivity"])
+def test_every_calibrated_method_takes_the_reader(small, nibble: Nibble, tmp_path, method, extra_kw, extra_flags):
+    npz = str(tmp_path / "calib.npz")
+    np.savez(npz, hidden=small["hidden"])
+    nibble.quantize(small["model"], str(tmp_path / "cli" / "model.onnx"), "--algo", method, "--block_size", "32",
+                    "--calibration_eps", "cpu", "--calib_data", npz, "--calib_size", str(SAMPLES), *extra_flags)
+    report = str(tmp_path / "report.json")
+    nibble_api.quantize(small["model"], calibration_method=method, calibration_data_reader=Reader(small["feeds"]),
+                        calibration_eps=["cpu"], block_size=32, output_path=str(tmp_path / "api" / "model.onnx"),
+                        log_level="WARNING", report=report, **extra_kw)
+    assert folder_digest(str(tmp_path / "api")) == folder_digest(str(tmp_path / "cli"))
+    import json
+    with open(report) as f:
+        opts = json.load(f)["options"]
+    assert opts["calib_data"].endswith(".npz") and opts["calib_size"] == SAMPLES and not opts["use_random_calib"]
+
+
+def test_reader_given_to_a_method_that_does_not_calibrate_is_said(small, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="nibble"):
+        nibble_api.quantize(small["model"], calibration_method="rtn_dq", calibration_data_reader=small["feeds"],
+                            block_size=32, output_path=str(tmp_path / "o" / "model.onnx"), log_level="WARNING")
+    lines = [r.getMessage() for r in caplog.records if "calibration_data_reader" in r.getMessage()]
+    assert len(lines) == 1 and "rtn_dq does not calibrate" in lines[0], lines
+
+
+def test_single_file_output(small, tmp_path, monkeypatch):
+    out = tmp_path / "o" / "model.onnx"
+    m = nibble_api.quantize(small["model"], calibration_method="rtn_dq", block_size=32, output_path=str(out),
+                            use_external_data_format=False, log_level="WARNING")
+    assert os.listdir(out.parent) == ["model.onnx"]           # one self-contained file, nothing beside it
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in onnx.load(str(out)).graph.initializer)
+    assert any(n.op_type == "DequantizeLinear" for n in m.graph.node)
+    # Over protobuf's limit (lowered here to 1 KiB: a real one takes a >2 GiB model): refused, and the
+    # output folder holds what it held before.
+    monkeypatch.setattr(sys.modules["nibble._api"], "PROTO_LIMIT", 1024)
+    before = folder_digest(str(out.parent))
+    with pytest.raises(ValueError, match="over protobuf's 2 GiB limit") as e:
+        nibble_api.quantize(small["model"], calibration_method="rtn_dq", block_size=32, output_path=str(out),
+                            use_external_data_format=False, log_level="WARNING")
+    assert "nothing was written" in str(e.value)
+    assert folder_digest(str(out.parent)) == before

@@ -1,0 +1,80 @@
+"""The CUDA wheel, installed with its `cuda13` extra into a fresh venv by scripts/test_wheel_cuda
+($NIBBLE_WHEEL_CUDA_VENV): the binary resolves cudart, cuBLAS and cuSOLVER from NVIDIA's runtime wheels
+in that venv (not from the system toolkit, which this machine also has), the emulated device passes
+every operation from the installed wheel, and `--device auto` on a machine without a GPU says why it
+uses the CPU and writes the CPU's bytes."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+
+import pytest
+
+from .conftest import Nibble, folder_digest
+from .test_wheel import _clean_env
+
+VENV = os.environ.get("NIBBLE_WHEEL_CUDA_VENV", "")
+pytestmark = pytest.mark.skipif(not VENV, reason="needs the installed CUDA wheel: run scripts/test_wheel_cuda")
+
+# What the binary links from CUDA, and the wheel folder each must come from.
+CUDA_LIBS = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcusolver.so.12"]
+
+
+def _site_packages() -> str:
+    found = glob.glob(os.path.join(VENV, "lib", "python3*", "site-packages"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _installed(*args: str, timeout: int = 300, cwd: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([os.path.join(VENV, "bin", "nibble"), *args], env=_clean_env(), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _ldd(binary: str) -> dict[str, str]:
+    r = subprocess.run(["ldd", binary], env=_clean_env(), capture_output=True, text=True, check=True)
+    out = {}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>":
+            out[parts[0]] = parts[2]
+    return out
+
+
+def test_binary_resolves_cuda_from_the_runtime_wheels():
+    binary = os.path.join(_site_packages(), "nibble", "bin", "nibble")
+    libs = _ldd(binary)
+    wheel_lib = os.path.realpath(os.path.join(_site_packages(), "nvidia", "cu13", "lib"))
+    for name in CUDA_LIBS:
+        assert name in libs, f"{binary} does not link {name}: {sorted(libs)}"
+        assert os.path.dirname(os.path.realpath(libs[name])) == wheel_lib, f"{name} => {libs[name]}"
+
+
+def test_selftest_on_the_emulated_device_from_the_wheel():
+    r = _installed("selftest", "--device", "cuda_emulated", timeout=600)
+    assert r.returncode == 0, r.stderr
+    passed = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("PASS")]
+    assert len(passed) >= 23 and not any(ln.startswith("FAIL") for ln in r.stdout.splitlines()), r.stdout
+    assert "cuda_emulated: %d operations, 0 failed" % len(passed) in r.stdout, r.stdout
+
+
+def test_device_auto_without_a_gpu_says_why_and_writes_the_cpu_model(model_cache, nibble: Nibble, tmp_path):
+    _, path = model_cache.llama(hidden=64, inter=128, layers=2, vocab=64)
+    r = _installed("quantize", "--onnx_path", path, "--output_path", "auto/model.onnx", "--algo", "rtn_dq",
+                   "--block_size", "32", "--device", "auto", cwd=str(tmp_path))
+    if r.returncode == 0 and "no usable CUDA device" not in r.stderr:
+        pytest.skip("this machine has a usable GPU: --device auto picked it")
+    assert r.returncode == 0, r.stderr
+    why = [ln for ln in r.stderr.splitlines() if "device auto: no usable CUDA device (" in ln]
+    assert len(why) == 1 and "); using CPU" in why[0], r.stderr
+    nibble.quantize(path, str(tmp_path / "cpu" / "model.onnx"), "--algo", "rtn_dq", "--block_size", "32",
+                    "--device", "cpu")
+    assert folder_digest(str(tmp_path / "auto")) == folder_digest(str(tmp_path / "cpu"))
+
+
+def test_python_imports_the_package_from_the_venv():
+    r = subprocess.run([os.path.join(VENV, "bin", "python"), "-c", "import nibble, sys; print(nibble.__file__)"],
+                       env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert os.path.realpath(r.stdout.strip()).startswith(os.path.realpath(_site_packages())), r.stdout

@@ -1,9 +1,13 @@
-"""The wheel, installed into a fresh venv by scripts/test_wheel ($NIBBLE_WHEEL_VENV), run from outside
-the source tree with no NIBBLE_* variable: the `nibble` command (rtn_dq, awq_lite) writes the same
-bytes as the build's binary, and `import nibble; nibble.quantize(...)` works from a data reader. The
-package's dependencies are checked against calib/requirements.txt here, wheel or not."""
+"""The wheel, repaired by auditwheel ($NIBBLE_WHEEL) and installed into a fresh venv by scripts/test_wheel
+($NIBBLE_WHEEL_VENV), run from outside the source tree with no NIBBLE_* variable: the wheel has a
+manylinux tag, the installed binary loads its libraries from the venv, the `nibble` command (rtn_dq,
+awq_lite) writes the same bytes as the build's binary, and `import nibble; nibble.quantize(...)` works
+from a data reader. The package's dependencies are checked against calib/requirements.txt here, wheel
+or not."""
 from __future__ import annotations
 
+import glob
+import json
 import os
 import re
 import subprocess
@@ -17,6 +21,7 @@ from . import models
 from .conftest import REPO, Nibble, folder_digest
 
 VENV = os.environ.get("NIBBLE_WHEEL_VENV", "")
+WHEEL = os.environ.get("NIBBLE_WHEEL", "")
 needs_wheel = pytest.mark.skipif(not VENV, reason="needs the installed wheel: run scripts/test_wheel")
 
 
@@ -39,6 +44,41 @@ def test_wheel_dependencies_are_the_runtime_requirements():
     assert _pins(project["dependencies"]) == runtime
     assert all(dev[k] == v for k, v in runtime.items()), "calib/requirements.txt and scripts/requirements.txt differ"
     assert _pins(project["optional-dependencies"]["gpu"]) == {"onnxruntime-gpu": runtime["onnxruntime"]}
+
+
+@needs_wheel
+def test_wheel_is_manylinux_with_no_external_libraries():
+    assert WHEEL, "NIBBLE_WHEEL is not set: scripts/test_wheel sets it to the repaired wheel"
+    r = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", WHEEL],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    show = json.loads(r.stdout)
+    assert show["overall_tag"].startswith("manylinux_"), show["overall_tag"]
+    assert show["external_libs"] == {}, show["external_libs"]
+
+
+# What the binary links beyond the manylinux policy's system libraries: grafted into nibble.libs/.
+GRAFTED = ("libprotobuf", "libonnx", "libopenblas", "libspdlog", "libfmt", "libgfortran", "libgomp", "libquadmath")
+
+
+def _ldd(path: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the binary's RPATH alone
+    r = subprocess.run(["ldd", path], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "not found" not in r.stdout, r.stdout
+    return dict(m.groups() for m in re.finditer(r"^\s*(\S+) => (\S+) \(", r.stdout, re.M))
+
+
+@needs_wheel
+def test_installed_binary_loads_the_grafted_libraries_from_the_venv():
+    binaries = glob.glob(os.path.join(VENV, "lib", "python*", "site-packages", "nibble", "bin", "nibble"))
+    assert len(binaries) == 1, binaries
+    resolved = _ldd(binaries[0])
+    venv = os.path.realpath(VENV) + os.sep
+    for lib in GRAFTED:
+        paths = [p for name, p in resolved.items() if name.startswith(lib)]
+        assert paths, f"{lib} not linked: {resolved}"
+        assert all(os.path.realpath(p).startswith(venv) for p in paths), f"{lib} from outside the venv: {paths}"
 
 
 def _clean_env() -> dict[str, str]:

@@ -6,13 +6,15 @@ uses the CPU and writes the CPU's bytes."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 from .conftest import Nibble, folder_digest
-from .test_wheel import _clean_env
+from .test_wheel import GRAFTED, _clean_env, _ldd
 
 VENV = os.environ.get("NIBBLE_WHEEL_CUDA_VENV", "")
 pytestmark = pytest.mark.skipif(not VENV, reason="needs the installed CUDA wheel: run scripts/test_wheel_cuda")
@@ -32,23 +34,17 @@ def _installed(*args: str, timeout: int = 300, cwd: str | None = None) -> subpro
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _ldd(binary: str) -> dict[str, str]:
-    r = subprocess.run(["ldd", binary], env=_clean_env(), capture_output=True, text=True, check=True)
-    out = {}
-    for line in r.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[1] == "=>":
-            out[parts[0]] = parts[2]
-    return out
-
-
-def test_binary_resolves_cuda_from_the_runtime_wheels():
+def test_binary_resolves_cuda_from_the_runtime_wheels_and_the_rest_from_the_wheel():
     binary = os.path.join(_site_packages(), "nibble", "bin", "nibble")
     libs = _ldd(binary)
     wheel_lib = os.path.realpath(os.path.join(_site_packages(), "nvidia", "cu13", "lib"))
     for name in CUDA_LIBS:
         assert name in libs, f"{binary} does not link {name}: {sorted(libs)}"
         assert os.path.dirname(os.path.realpath(libs[name])) == wheel_lib, f"{name} => {libs[name]}"
+    venv = os.path.realpath(VENV) + os.sep
+    for lib in GRAFTED:  # the C++ libraries auditwheel grafted, as in the CPU wheel
+        paths = [p for name, p in libs.items() if name.startswith(lib)]
+        assert paths and all(os.path.realpath(p).startswith(venv) for p in paths), f"{lib}: {paths}"
 
 
 def test_selftest_on_the_emulated_device_from_the_wheel():
@@ -78,3 +74,17 @@ def test_python_imports_the_package_from_the_venv():
                        env=_clean_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert os.path.realpath(r.stdout.strip()).startswith(os.path.realpath(_site_packages())), r.stdout
+
+
+def test_wheel_is_manylinux_needing_only_cuda_from_outside():
+    wheel = os.environ.get("NIBBLE_WHEEL", "")
+    assert wheel, "NIBBLE_WHEEL is not set: scripts/test_wheel_cuda sets it to the repaired wheel"
+    # repair wrote the tag with CUDA's libraries excluded; `show` knows no exclusions, so its overall
+    # tag is not checked here, only that CUDA's libraries are all it finds outside the wheel.
+    assert "-manylinux_2_35_x86_64" in os.path.basename(wheel), wheel
+    r = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", wheel],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    external = set(json.loads(r.stdout)["external_libs"])
+    assert external, "auditwheel show finds no external library: CUDA's should be"
+    assert external <= set(CUDA_LIBS + ["libcusparse.so.12", "libnvJitLink.so.13"]), external

@@ -281,7 +281,7 @@ def ort_fp16_per_axis_quantize_truncates() -> bool:
 def ort_run(path: str, feeds: dict[str, np.ndarray], optimize: bool = True) -> dict[str, np.ndarray]:
     """Run on CPUExecutionProvider, 1 thread.  optimize=True keeps ORT's default level (ALL), where
     DequantizeLinear->MatMul is fused into MatMulNBits; accuracy level pinned to 1 (fp32 A), see
-    the README.  optimize=False runs the graph as written (ONNX semantics)."""
+    docs/usage.md "Output formats".  optimize=False runs the graph as written (ONNX semantics)."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1

@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/awq_fast.h"
-#include "kernels/cpu/half_bits.h"
+#include "kernels/half_float.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/half_bits.h"
+#include "kernels/half_float.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 

@@ -1,7 +1,7 @@
 // The CPU backend's RTN: the same arithmetic as rtn_quantize_ref (bit for bit; tested against
 // it), arranged for speed: dtype fixed at compile time, row-contiguous passes over [K, N] weights
 // that the compiler vectorizes, a branch-free exact rint, and branch-free exact fp16/bf16
-// conversions and roundings (kernels/cpu/half_bits.h) so that fp16/bf16 loops vectorize too.
+// conversions and roundings (kernels/half_float.h) so that fp16/bf16 loops vectorize too.
 #pragma once
 #include <vector>
 

@@ -1,41 +1,26 @@
 // The scalar arithmetic every CUDA kernel body shares, callable from host and device (NIBBLE_HD):
-// fp16/bf16 rounding, round-half-even and ModelOpt's block formulas, written to give exactly the
-// bits of kernels/dtype.h and the CPU reference (rtn_ref.h). nvcc builds it with --fmad=false and
+// fp16/bf16 rounding (kernels/half_float.h), round-half-even and ModelOpt's block formulas, written to
+// give exactly the bits of the CPU reference (rtn_ref.h). nvcc builds it with --fmad=false and
 // g++ with -ffp-contract=off, so no product is fused into an add on either side.
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#ifdef __CUDACC__
-#define NIBBLE_HD __host__ __device__
-#else
-#define NIBBLE_HD
-#endif
+#include "kernels/half_float.h"
 
 namespace nibble::kernels::hd {
 
 // Element types, as DType's numbers (kernels/dtype.h); plain ints so device code needs no host header.
 constexpr int kF32 = 1, kF16 = 10, kBF16 = 16;
 
-NIBBLE_HD inline uint32_t f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-NIBBLE_HD inline float bits_f32(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+// The conversions are the ones every backend shares (kernels/half_float.h).
+using ::nibble::bf16_to_float;
+using ::nibble::bits_f32;
+using ::nibble::f32_bits;
+using ::nibble::float_to_bf16;
+using ::nibble::float_to_half;
+using ::nibble::half_to_float;
+
 // Round half to even in the current (default, to nearest) mode, as std::nearbyint.
 NIBBLE_HD inline float rint(float x) {
 #ifdef __CUDA_ARCH__
@@ -51,34 +36,9 @@ NIBBLE_HD inline float min(float a, float b) { return b < a ? b : a; }
 NIBBLE_HD inline float max(float a, float b) { return a < b ? b : a; }
 NIBBLE_HD inline float clamp(float v, float lo, float hi) { return v < lo ? lo : (hi < v ? hi : v); }
 
-// float -> fp16 bits -> float, round to nearest even (dtype.h's float_to_half + half_to_float).
-NIBBLE_HD inline uint16_t float_to_half(float f) {
-  const uint32_t x = f32_bits(f);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  uint32_t a = x & 0x7fffffffu;
-  if (a >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
-  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
-  if (a < 0x38800000u) return uint16_t(sign | uint16_t(rint(bits_f32(a) * 16777216.0f)));
-  a += 0xc8000fffu + ((a >> 13) & 1u);
-  return uint16_t(sign | (a >> 13));
-}
-NIBBLE_HD inline float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0) return bits_f32(f32_bits(float(mant) * (1.0f / 16777216.0f)) | sign);
-  if (exp == 31) return bits_f32(sign | 0x7f800000u | (mant << 13));
-  return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-NIBBLE_HD inline uint16_t float_to_bf16(float f) {
-  uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return uint16_t(x >> 16);
-}
-NIBBLE_HD inline float bf16_to_float(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
-
 NIBBLE_HD inline float round_to(int t, float f) {
-  if (t == kF16) return half_to_float(float_to_half(f));
-  if (t == kBF16) return bf16_to_float(float_to_bf16(f));
+  if (t == kF16) return ::nibble::round_to_half(f);
+  if (t == kBF16) return ::nibble::round_to_bf16(f);
   return f;
 }
 NIBBLE_HD inline float load(int t, const void* p, int64_t i) {

@@ -17,6 +17,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/hd_float.h"
 #include "kernels/cuda/linalg.h"
+#include "half_ref.h"
 
 using namespace nibble;
 using namespace nibble::kernels;
@@ -120,13 +121,14 @@ TEST(CudaEmulated, AllocatorEnforcesTheBudgetAndRecordsThePeak) {
   EXPECT_EQ(dev->peak(), gpu::DeviceLayer::counted(900000));
 }
 
-// The shared scalar arithmetic of the kernels (hd_float.h) against kernels/dtype.h: every half and
-// bf16, and a sample of float bit patterns through both roundings.
-TEST(CudaEmulated, ScalarArithmeticMatchesDtype) {
+// The kernels' element access by type number (hd_float.h) against the plain reference conversions:
+// every half and bf16 read, and a sample of float bit patterns rounded and written.
+TEST(CudaEmulated, ScalarArithmeticMatchesReference) {
   for (uint32_t h = 0; h < 65536; ++h) {
-    const float a = half_to_float(uint16_t(h)), b = hd::half_to_float(uint16_t(h));
+    const uint16_t v = uint16_t(h);
+    const float a = hd::load(hd::kF16, &v, 0), b = test::half_to_float_ref(v);
     ASSERT_EQ(0, std::memcmp(&a, &b, 4)) << h;
-    const float c = bf16_to_float(uint16_t(h)), d = hd::bf16_to_float(uint16_t(h));
+    const float c = hd::load(hd::kBF16, &v, 0), d = test::bf16_to_float_ref(v);
     ASSERT_EQ(0, std::memcmp(&c, &d, 4)) << h;
   }
   std::mt19937 rng(5);
@@ -134,8 +136,13 @@ TEST(CudaEmulated, ScalarArithmeticMatchesDtype) {
     const uint32_t bits = rng();
     float f;
     std::memcpy(&f, &bits, 4);
-    ASSERT_EQ(float_to_half(f), hd::float_to_half(f)) << bits;
-    ASSERT_EQ(float_to_bf16(f), hd::float_to_bf16(f)) << bits;
+    uint16_t h16 = 0, b16 = 0;
+    hd::store(hd::kF16, &h16, 0, f);
+    hd::store(hd::kBF16, &b16, 0, f);
+    ASSERT_EQ(h16, test::float_to_half_ref(f)) << bits;
+    ASSERT_EQ(b16, test::float_to_bf16_ref(f)) << bits;
+    const float r = hd::round_to(hd::kF16, f), want = test::half_to_float_ref(test::float_to_half_ref(f));
+    ASSERT_EQ(0, std::memcmp(&r, &want, 4)) << bits;
   }
 }
 

@@ -4,12 +4,14 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "host/run/eval.h"
 #include "host/options.h"
@@ -254,6 +256,73 @@ static void type_choices(const NamedChoices& c, nibble::QuantizeOptions& o) {
   o.calib.quiet = o.quiet;
 }
 
+namespace {
+
+struct InspectArgs {
+  std::string path;
+  std::vector<std::string> exclude{"/lm_head"};
+  int64_t block = 128;
+  std::string gather_axis;
+  int64_t gather_block = 32;
+};
+
+CLI::App* add_inspect_command(CLI::App& app, InspectArgs& a) {
+  CLI::App* inspect = app.add_subcommand("inspect", "Show what would be quantized (weights, shapes, sizes)");
+  inspect->add_option("model", a.path, "ONNX model")->required();
+  inspect->add_option("--nodes_to_exclude", a.exclude, "As for quantize")->capture_default_str();
+  inspect->add_option("--block_size", a.block, "As for quantize")->capture_default_str();
+  inspect->add_option("--gather_quantize_axis", a.gather_axis, "As for quantize");
+  inspect->add_option("--gather_block_size", a.gather_block, "As for quantize")->capture_default_str();
+  return inspect;
+}
+
+struct SelftestArgs {
+  std::string device = "auto";
+  std::string memory;
+};
+
+CLI::App* add_selftest_command(CLI::App& app, SelftestArgs& a) {
+  CLI::App* selftest = app.add_subcommand(
+      "selftest", "Run every backend operation on generated data against the CPU reference; PASS/FAIL per operation");
+  selftest->add_option("--device", a.device, "auto, cuda, cpu or cuda_emulated")->capture_default_str();
+  selftest->add_option("--device_memory", a.memory, "As for quantize");
+  return selftest;
+}
+
+// CLI11's parse; the exit status when it ends the run (help, version, a bad flag or preset).
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::FileError& e) {  // --config: the message names the file
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+    return 2;
+  } catch (const CLI::ConfigError& e) {
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+    return 2;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "nibble: error: %s (see nibble --help)\n", e.what());
+    return 2;
+  }
+  return std::nullopt;
+}
+
+void drop_empty(std::vector<std::string>& v) { v.erase(std::remove(v.begin(), v.end(), std::string()), v.end()); }
+
+int run_inspect_command(InspectArgs& a) {
+  drop_empty(a.exclude);
+  std::optional<int> gather_axis;
+  if (!a.gather_axis.empty()) gather_axis = nibble::parse_gather_axis(a.gather_axis);
+  return nibble::run_inspect(a.path, a.exclude, a.block, gather_axis, a.gather_block);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   nibble::reexec_for_better_blas(argv);  // before anything else is done twice
   auto logger = spdlog::stderr_color_st("nibble");
@@ -276,51 +345,15 @@ int main(int argc, char** argv) {
       "'--'); flags given on the command line win");
   NamedChoices choices;
   add_quantize_flags(*quant, opts, choices);
-
-  std::string inspect_path;
-  std::vector<std::string> inspect_exclude{"/lm_head"};
-  int64_t inspect_block = 128;
-  CLI::App* inspect = app.add_subcommand("inspect", "Show what would be quantized (weights, shapes, sizes)");
-  inspect->add_option("model", inspect_path, "ONNX model")->required();
-  inspect->add_option("--nodes_to_exclude", inspect_exclude, "As for quantize")->capture_default_str();
-  inspect->add_option("--block_size", inspect_block, "As for quantize")->capture_default_str();
-  std::string inspect_gather_axis;
-  int64_t inspect_gather_block = 32;
-  inspect->add_option("--gather_quantize_axis", inspect_gather_axis, "As for quantize");
-  inspect->add_option("--gather_block_size", inspect_gather_block, "As for quantize")->capture_default_str();
-
+  InspectArgs inspect_args;
+  add_inspect_command(app, inspect_args);
   nibble::EvalOptions eval_opts;
   CLI::App* eval = add_eval_command(app, eval_opts);
-
-  std::string selftest_device = "auto", selftest_memory;
-  CLI::App* selftest = app.add_subcommand(
-      "selftest", "Run every backend operation on generated data against the CPU reference; PASS/FAIL per operation");
-  selftest->add_option("--device", selftest_device, "auto, cuda, cpu or cuda_emulated")->capture_default_str();
-  selftest->add_option("--device_memory", selftest_memory, "As for quantize");
+  SelftestArgs selftest_args;
+  CLI::App* selftest = add_selftest_command(app, selftest_args);
+  if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
 
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::FileError& e) {  // --config: the message names the file
-    std::fprintf(stderr, "nibble: error: %s\n", e.what());
-    return 2;
-  } catch (const CLI::ConfigError& e) {
-    std::fprintf(stderr, "nibble: error: %s\n", e.what());
-    return 2;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "nibble: error: %s (see nibble --help)\n", e.what());
-    return 2;
-  }
-
-  try {
-    auto drop_empty = [](std::vector<std::string>& v) {
-      v.erase(std::remove(v.begin(), v.end(), std::string()), v.end());
-    };
     if (*quant) {
       drop_empty(opts.nodes_to_exclude);
       type_choices(choices, opts);
@@ -329,13 +362,12 @@ int main(int argc, char** argv) {
       return nibble::run_quantize(opts);
     }
     if (*eval) return nibble::run_eval(eval_opts);
-    if (*selftest)
-      return nibble::run_selftest(nibble::parse_device(selftest_device),
-                                  selftest_memory.empty() ? 0 : nibble::parse_size(selftest_memory, "--device_memory"));
-    drop_empty(inspect_exclude);
-    std::optional<int> gather_axis;
-    if (!inspect_gather_axis.empty()) gather_axis = nibble::parse_gather_axis(inspect_gather_axis);
-    return nibble::run_inspect(inspect_path, inspect_exclude, inspect_block, gather_axis, inspect_gather_block);
+    if (*selftest) {
+      const uint64_t memory =
+          selftest_args.memory.empty() ? 0 : nibble::parse_size(selftest_args.memory, "--device_memory");
+      return nibble::run_selftest(nibble::parse_device(selftest_args.device), memory);
+    }
+    return run_inspect_command(inspect_args);
   } catch (const nibble::Error& e) {
     std::fprintf(stderr, "nibble: error: %s\n", e.what());
   } catch (const std::bad_alloc&) {

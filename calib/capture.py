@@ -56,8 +56,9 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import numpy as np  # noqa: E402
 
-from calib_inputs import (CalibError, FeedOptions, NpzBatches, model_inputs, note,  # noqa: E402
-                          random_batches, text_batches, warn)
+from calib_inputs import NpzBatches, random_batches, text_batches  # noqa: E402
+from messages import CalibError, warn  # noqa: E402
+from model_feeds import FeedOptions, model_inputs  # noqa: E402
 
 INDEX_VERSION = 1
 

@@ -15,3 +15,12 @@ def warn(msg: str) -> None:
 
 def note(msg: str) -> None:
     print(f"calib: {msg}", file=sys.stderr, flush=True)
+
+
+def log(msg: str) -> None:
+    print(f"calib: {msg}", file=sys.stderr, flush=True)
+
+
+def first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return (s.splitlines()[0] if s else type(e).__name__)[:400]

@@ -13,6 +13,9 @@ Memory: one batch of activations + the Gram accumulators of one pass; when those
 
 `grid` evaluates ModelOpt's AWQ-lite scale formula (int4.py get_scale) with numpy itself.
 
+This file is the command line and the process around it; capture_run.py does `capture`, scale_grid.py
+`grid` (calib/README.md lists every module of calib/).
+
 Bad input: exit 2 and one stderr line 'calibration: ...'.  Progress and warnings: 'calib: ...' lines.
 The model's folder is never written to: the graph is loaded without its weights, augmented in memory
 and handed to ONNX Runtime as bytes, with the model's folder as the external-data folder.

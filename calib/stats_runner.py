@@ -19,7 +19,7 @@ class StatsRunner:
 
     def __init__(self, threads: int):
         self.threads = max(1, threads or len(os.sched_getaffinity(0)) or 1)
-        self.pool = None   # numpy's BLAS is single-threaded (OPENBLAS_NUM_THREADS, set at import)
+        self.pool = None   # numpy's BLAS is single-threaded (OPENBLAS_NUM_THREADS, set by capture.py)
         if self.threads > 1:
             from concurrent.futures import ThreadPoolExecutor
             self.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="calib-stats")

@@ -21,7 +21,7 @@ import shutil
 
 import numpy as np
 
-from calib_inputs import CalibError
+from messages import CalibError
 
 
 def _refs(node, acc: set) -> None:

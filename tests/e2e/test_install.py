@@ -18,8 +18,10 @@ from .conftest import NIBBLE_BIN, REPO, Nibble, folder_digest
 
 BUILD = os.path.dirname(os.path.abspath(NIBBLE_BIN))
 VENV_PY = os.path.join(REPO, ".venv", "bin", "python")
-SCRIPTS = ["calib/capture.py", "calib/calib_inputs.py", "calib/requirements.txt", "tools/eval_model.py",
-           "tools/eval_ppl.py", "tools/corpus.py", "configs/modelopt-default.toml"]
+# Every module of calib/: capture.py imports them all from its own folder.
+CALIB_MODULES = sorted(f"calib/{f}" for f in os.listdir(os.path.join(REPO, "calib")) if f.endswith(".py"))
+SCRIPTS = [*CALIB_MODULES, "calib/requirements.txt", "tools/eval_model.py", "tools/eval_ppl.py", "tools/corpus.py",
+           "configs/modelopt-default.toml"]
 
 
 def installed_env(**extra: str) -> dict[str, str]:

@@ -92,6 +92,10 @@ nlohmann::json input_fingerprints(const CalibrationOptions& o, const std::string
 
 }  // namespace
 
+nlohmann::json calibration_input_fingerprints(const CalibrationOptions& o, const std::string& model_path) {
+  return input_fingerprints(o, model_path);
+}
+
 namespace {
 
 // Where the binary was installed (`cmake --install`, or the wheel): <prefix>/bin/nibble beside

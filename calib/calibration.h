@@ -2,6 +2,8 @@
 // measured for each activation. Also runs its `grid` subcommand, which evaluates ModelOpt's AWQ
 // scale formula with numpy itself (its SIMD float32 power decides ModelOpt's exact scales).
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -133,6 +135,11 @@ std::string capture_script();
 // A script of the project: $env_var, else `relative` under <prefix>/share/nibble when installed, under
 // the build's parent or the source folder in a build folder.
 std::string project_script(const char* env_var, const std::string& relative);
+
+// Size and a content hash of every file the statistics depend on (the model and its external data, the
+// calibration file, the tokenizer's and GenAI configuration files), keyed by canonical path: what the
+// calibration cache and a layer-by-layer run's checkpoint compare to tell another model or data apart.
+nlohmann::json calibration_input_fingerprints(const CalibrationOptions& o, const std::string& model_path);
 
 // Runs argv; stderr lines are passed through (unless quiet) and the last line starting with
 // `error_prefix` becomes the Error message when the child fails. Throws Error.

@@ -1,12 +1,45 @@
 // Shared pieces of the layer-by-layer state (host/run/layer_state.h).
 #include "host/run/layer_state.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "host/run/report.h"
 #include "loaders/error.h"
 
 namespace nibble {
+
+LayerStateLock::LayerStateLock(const std::string& dir) {
+  const std::string path = dir + "/" + kFile;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot open the layer state lock " + path + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error("cannot lock the layer state " + path + ": " + std::strerror(err));
+    const std::string pid = n > 0 ? std::string(buf, size_t(n)) : std::string("?");
+    throw Error("another nibble run (pid " + pid.substr(0, pid.find_first_of("\n ")) + ") is using the layer state " +
+                dir + ": wait for it to finish or give another --output_path");
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size()))
+    spdlog::debug("layer state lock {}: could not record this run's pid", path);  // the lock itself holds
+}
+
+LayerStateLock::~LayerStateLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the flock
+}
 
 nlohmann::json resume_settings(const QuantizeOptions& o) {
   nlohmann::json j = options_to_json(o);

@@ -9,6 +9,21 @@
 
 namespace nibble {
 
+// Keeps two runs out of one state folder: an exclusive flock(2) on DIR/lock, held for the run's life
+// and dropped by the kernel when the process ends, however it ends (no stale lock after a kill).
+class LayerStateLock {
+ public:
+  // Throws Error (one line, naming the other run's pid) when a live run holds it.
+  explicit LayerStateLock(const std::string& dir);
+  ~LayerStateLock();
+  LayerStateLock(const LayerStateLock&) = delete;
+  LayerStateLock& operator=(const LayerStateLock&) = delete;
+  static constexpr const char* kFile = "lock";
+
+ private:
+  int fd_ = -1;
+};
+
 // What must be equal for a stopped run's state to be continued: every flag that can change the output.
 nlohmann::json resume_settings(const QuantizeOptions& o);
 

@@ -10,6 +10,7 @@
 #include "host/run/layer_sensitivity.h"
 #include "host/run/layer_state.h"
 #include "host/run/report.h"
+#include "calib/calibration.h"
 #include "loaders/durable.h"
 #include "loaders/error.h"
 
@@ -174,24 +175,72 @@ std::string layer_state_dir(const std::string& output_path) {
   return (out.parent_path() / ("." + out.filename().string() + ".layers")).string();
 }
 
+std::unique_ptr<LayerStateLock> open_layer_state(const QuantizeOptions& o, size_t groups) {
+  const fs::path dir = state_path(o);
+  std::error_code ec;
+  // Every refusal comes before anything is deleted: the output first, as a whole-model run checks it.
+  if (!o.force && fs::exists(o.output_path, ec))
+    throw Error("output " + o.output_path + " exists (use --force to overwrite)");
+  if (o.resume && !fs::is_directory(dir, ec))
+    throw Error("--resume: no layer state " + dir.string() + " (nothing to resume; run without --resume)");
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("cannot create the layer state folder " + dir.string() + ": " + ec.message());
+  auto lock = std::make_unique<LayerStateLock>(dir.string());
+  if (!o.resume && !o.force) {
+    if (fs::exists(dir / "checkpoint.json", ec)) {
+      const nlohmann::json c = read_state_json((dir / "checkpoint.json").string());
+      throw Error("a run stopped after " + std::to_string(c.value("layers_done", size_t(0))) + " of " +
+                  std::to_string(groups) + " layer groups left its state in " + dir.string() +
+                  ": --resume continues it, --force starts over");
+    }
+    if (fs::exists(dir / "sensitivity_0.json", ec))
+      throw Error("a run stopped in its sensitivity sweep left its state in " + dir.string() +
+                  ": --resume continues it, --force starts over");
+  }
+  return lock;
+}
+
+namespace {
+
+// A fresh state: everything of an earlier run goes but the lock this run holds.
+void clear_state(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename() != LayerStateLock::kFile) fs::remove_all(e.path(), ec);
+  if (ec) throw Error("cannot clear the layer state folder " + dir.string() + ": " + ec.message());
+}
+
+// --resume continues only on the inputs the stopped run read: the same model, data and calibration files.
+void check_same_inputs(const QuantizeOptions& o, const fs::path& dir) {
+  const fs::path p = dir / "inputs.json";
+  std::error_code ec;
+  const nlohmann::json was = fs::exists(p, ec) ? read_state_json(p.string()) : nlohmann::json();
+  if (was != calibration_input_fingerprints(o.calib, o.onnx_path))
+    throw Error("--resume: the model, its data or the calibration files differ from those of the stopped run in " +
+                dir.string() + ": --force starts over");
+}
+
+}  // namespace
+
 ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter::Options base) {
   const fs::path dir = state_path(o);
   std::error_code ec;
   base.resumable_data = (dir / "output.data").string();
   if (o.resume && !fs::exists(dir / "checkpoint.json", ec)) {
-    if (!fs::is_directory(dir, ec))
-      throw Error("--resume: no layer state " + dir.string() + " (nothing to resume; run without --resume)");
+    // What a sensitivity sweep left is kept for it (its files say their flags); a state of this version
+    // also says its inputs.
+    if (fs::exists(dir / "inputs.json", ec)) check_same_inputs(o, dir);
     spdlog::info("--resume: no layer was finished; starting at the first");
     return base;
   }
   if (o.resume) {
     const nlohmann::json c = read_resumable_state((dir / "checkpoint.json").string(), o);
+    check_same_inputs(o, dir);
     base.resume_bytes = c.at("data_bytes").get<uint64_t>();
     return base;
   }
-  fs::remove_all(dir, ec);
-  fs::create_directories(dir, ec);
-  if (ec) throw Error("cannot create the layer state folder " + dir.string() + ": " + ec.message());
+  clear_state(dir);
+  write_json_file((dir / "inputs.json").string(), calibration_input_fingerprints(o.calib, o.onnx_path));
   return base;
 }
 

@@ -6,9 +6,11 @@
 // layer and gives the same bytes as an uninterrupted run. With --mixed_strategy sensitivity a first sweep
 // over the layers chooses the INT8 set before this loop (host/run/layer_sensitivity.h).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "host/run/layer_state.h"
 #include "host/run/stages.h"
 
 namespace nibble {
@@ -28,9 +30,15 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
                              const std::vector<std::vector<size_t>>& groups, GraphRewriter& rewriter,
                              ModelWriter& writer, kernels::Backend& backend);
 
+// Opens the state folder of a layer-by-layer run of `groups` layer groups, locked for this run. Refuses
+// (Error, one line), before anything is deleted, when the output exists without --force, when --resume
+// finds no state, when another live run holds the folder, and when a stopped run's state would be lost
+// (a checkpoint, and neither --resume nor --force).
+std::unique_ptr<LayerStateLock> open_layer_state(const QuantizeOptions& o, size_t groups);
+
 // The writer options of a layer-by-layer run: its data file in the state folder, reopened at the
-// checkpoint's size on --resume (a fresh state otherwise). Throws Error when --resume finds no
-// checkpoint of the same flags.
+// checkpoint's size on --resume (a fresh state otherwise, with the fingerprints of its inputs). Throws
+// Error when --resume finds a checkpoint of other flags or other inputs. Call open_layer_state first.
 ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter::Options base);
 
 // Removes the state folder (after commit).

@@ -130,7 +130,11 @@ int run_quantize(const QuantizeOptions& o) {
   ModelWriter::Options wopt;
   wopt.force = o.force;
   wopt.protected_paths = loaded.input_files;
-  if (!groups.empty()) wopt = layer_writer_options(o, wopt);
+  std::unique_ptr<LayerStateLock> state_lock;  // held until the state folder is removed
+  if (!groups.empty()) {
+    state_lock = open_layer_state(o, groups.size());
+    wopt = layer_writer_options(o, wopt);
+  }
   ModelWriter writer(o.output_path, wopt);
   GraphRewriter rewriter(model.proto(), planned.format, writer, *backend);
   // Logged only now: bad input fails above with its one error line and nothing else.

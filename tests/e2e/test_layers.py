@@ -6,6 +6,8 @@ the previous one left, searched, quantized and written in turn.
   for awq_lite, awq_clip, awq_full and gptq, on a Llama-shaped test model of 4 layers.
 * --resume after a SIGKILL in the middle of a run gives the same bytes as a run never stopped.
 * A graph with no layer numbers falls back to the whole-model pass with one line.
+* Checkpoints are never lost: a re-run without --resume refuses and keeps the stopped run's state,
+  --resume on another model at the same path is refused, and a second run on a live run's output refuses.
 """
 from __future__ import annotations
 
@@ -64,14 +66,10 @@ def test_layer_by_layer_equals_whole_model(nibble, llama, algo):
     assert not os.path.exists(os.path.join(os.path.dirname(layered), ".model.onnx.layers"))
 
 
-def test_resume_after_sigkill_is_byte_identical(nibble, llama, tmp_path):
-    spec, path, npz, root = llama
-    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
-    straight = tmp_path / "straight" / "model.onnx"
-    nibble.quantize(path, str(straight), *args)
-
-    out = tmp_path / "killed" / "model.onnx"
-    ckpt = tmp_path / "killed" / ".model.onnx.layers" / "checkpoint.json"
+def kill_after_layers(nibble, path, out, args, at_least: int) -> int:
+    """Starts `nibble quantize` into `out` and SIGKILLs it once its checkpoint records `at_least`
+    finished layer groups; returns how many it had finished."""
+    ckpt = out.parent / f".{out.name}.layers" / "checkpoint.json"
     cmd = [nibble.binary, "quantize", "--onnx_path", path, "--output_path", str(out), *args]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     done = 0
@@ -81,14 +79,25 @@ def test_resume_after_sigkill_is_byte_identical(nibble, llama, tmp_path):
             done = json.loads(ckpt.read_text())["layers_done"]
         except (OSError, ValueError, KeyError):
             done = 0
-        if done >= 2:
+        if done >= at_least:
             p.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
     p.wait()
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed mid-way"
-    assert 2 <= done < LAYERS
+    assert at_least <= done < LAYERS
     assert not out.exists()
+    return done
+
+
+def test_resume_after_sigkill_is_byte_identical(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
+    straight = tmp_path / "straight" / "model.onnx"
+    nibble.quantize(path, str(straight), *args)
+
+    out = tmp_path / "killed" / "model.onnx"
+    done = kill_after_layers(nibble, path, out, args, 2)
 
     r = nibble.quantize(path, str(out), *args, "--resume")
     assert f"continuing at layer group {done}" in r.stderr, r.describe()
@@ -161,3 +170,87 @@ def test_feed_quantized_needs_layer_by_layer(nibble, llama, tmp_path):
     spec, path, npz, root = llama
     r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--feed_quantized", *calib_args(npz), check=False)
     assert r.returncode != 0 and "--feed_quantized" in r.stderr.strip().splitlines()[-1]
+
+
+def state_files(folder) -> dict[str, bytes]:
+    """A state folder's files and bytes, but the lock (it holds the pid of the last run that took it)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "lock"}
+
+
+def test_rerun_without_resume_refuses_and_keeps_the_state(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
+    out = tmp_path / "model.onnx"
+    done = kill_after_layers(nibble, path, out, args, 1)
+    state = tmp_path / ".model.onnx.layers"
+    before = state_files(state)
+    r = nibble.quantize(path, str(out), *args, check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        f"a run stopped after {done} of {LAYERS} layer groups left its state in {state}: "
+        "--resume continues it, --force starts over"), r.describe()
+    assert state_files(state) == before  # nothing deleted, nothing written
+    r = nibble.quantize(path, str(out), *args, "--resume")
+    assert f"continuing at layer group {done}" in r.stderr, r.describe()
+    assert not state.exists()
+
+
+def test_force_starts_over(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
+    out = tmp_path / "model.onnx"
+    kill_after_layers(nibble, path, out, args, 1)
+    r = nibble.quantize(path, str(out), *args, "--force")
+    assert "continuing at layer group" not in r.stderr and "layer group 0:" in r.stderr, r.describe()
+    assert not (tmp_path / ".model.onnx.layers").exists()
+
+
+def test_resume_with_another_model_at_the_same_path_is_refused(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    model = tmp_path / "in" / "model.onnx"
+    model.parent.mkdir()
+    m = onnx.load(path)  # the test model, its weights inline in our own copy
+    onnx.save(m, str(model))
+    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
+    out = tmp_path / "out" / "model.onnx"
+    kill_after_layers(nibble, str(model), out, args, 1)
+    # Re-exported at the same path: one weight changed.
+    init = next(t for t in m.graph.initializer if len(onnx.numpy_helper.to_array(t).shape) == 2)
+    arr = onnx.numpy_helper.to_array(init).copy()
+    arr[0, 0] += 1.0
+    init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
+    onnx.save(m, str(model))
+    state = out.parent / ".model.onnx.layers"
+    before = state_files(state)
+    r = nibble.quantize(str(model), str(out), *args, "--resume", check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        f"--resume: the model, its data or the calibration files differ from those of the stopped run in {state}: "
+        "--force starts over"), r.describe()
+    assert state_files(state) == before
+
+
+def test_second_run_on_a_live_runs_output_refuses(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    args = ["--algo", "awq_lite", "--layer_by_layer", *calib_args(npz)]
+    out = tmp_path / "model.onnx"
+    lock = tmp_path / ".model.onnx.layers" / "lock"
+    cmd = [nibble.binary, "quantize", "--onnx_path", path, "--output_path", str(out), *args]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while first.poll() is None and time.time() < deadline:
+            if lock.exists() and lock.read_text().strip() == str(first.pid):
+                break
+            time.sleep(0.005)
+        assert first.poll() is None, "the first run ended before the second could start"
+        r = nibble.quantize(path, str(out), *args, check=False)
+        assert r.returncode != 0
+        assert r.stderr.strip().splitlines()[-1].endswith(
+            f"another nibble run (pid {first.pid}) is using the layer state {lock.parent}: wait for it to finish or "
+            "give another --output_path"), r.describe()
+    finally:
+        first.wait(timeout=300)
+    assert first.returncode == 0  # the first run was not disturbed
+    assert out.exists() and not lock.parent.exists()

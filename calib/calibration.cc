@@ -1,4 +1,5 @@
 #include "calib/calibration.h"
+#include "calib/stats_space.h"
 
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -280,7 +281,10 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
     c->dir_ = c->cache_->reusable();
     if (c->dir_.empty()) out = c->cache_->begin_write();
   } else {
-    std::string tmpl = (fs::temp_directory_path() / "nibble-calib-XXXXXX").string();
+    const std::string tmp = fs::temp_directory_path().string();
+    sweep_dead_statistics(tmp);
+    check_free_space(tmp, statistics_bytes(acts, extras), "calibration of " + std::to_string(acts.size()) + " activations");
+    std::string tmpl = statistics_dir_template(tmp);
     if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
     c->dir_ = out = tmpl;
     c->owned_dir_ = true;
@@ -299,7 +303,7 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
 
 void Calibration::advance(const CalibrationOptions& o, const std::string& model_path,
                           const std::vector<Request>& acts, const Extras& extras) {
-  std::string tmpl = (fs::temp_directory_path() / "nibble-calib-XXXXXX").string();
+  std::string tmpl = statistics_dir_template(fs::temp_directory_path().string());
   if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
   const fs::path dir(tmpl);
   nlohmann::json req = nlohmann::json::array();

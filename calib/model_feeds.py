@@ -203,3 +203,12 @@ class FeedBuilder:
                 raise CalibError(f"{self.where}: no value for the model's input '{name}' ({s.describe()}), "
                                  f"and it cannot be synthesised")
         return out
+
+
+def count_tokens(tt: int, tu: int, tok_mask, flat_mask, feeds) -> tuple[int, int]:
+    """Tokens so far (all, unpadded) after one more batch."""
+    if tok_mask is not None:
+        return tt + tok_mask.size, tu + int(flat_mask.sum())
+    if "input_ids" in feeds:
+        return tt + feeds["input_ids"].size, tu + feeds["input_ids"].size
+    return tt, tu

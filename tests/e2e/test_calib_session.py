@@ -24,7 +24,7 @@ import pytest
 from . import models
 from .conftest import data_file
 from .test_awq import CALIB_SAMPLES, CALIB_SEQ, CALIB_SEED, ulps
-from .test_calib import ACTS, acts_json, make_npz, make_tiny, npz_batches, reference_activations, run_capture
+from .test_calib import ACTS, REPO, acts_json, make_npz, make_tiny, npz_batches, reference_activations, run_capture
 
 PASS_LINE = re.compile(r"calib: pass (\d+)/(\d+): session outputs (\d+) bytes per batch at most "
                        r"\(planned (\d+), --budget_mb (\d+) bytes\)")
@@ -211,3 +211,48 @@ def test_nibble_session_stats_equal_numpy(nibble, awq, tmp_path, monkeypatch, al
             assert ulps(x, b[name]).max() <= 8, name
         else:
             assert np.array_equal(x, b[name]), f"{name}: differs between the two statistics paths"
+
+
+# --------------------------------------------------------------------------------------------
+# The graph nodes in every opset form (Pad and ReduceSum take their arguments as attributes before
+# opsets 11 and 13), against numpy_outputs on the same rows
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", [9, 11, 13, 21])
+@pytest.mark.parametrize("layout", ["blocks8", "panels", "whole"])
+def test_stat_nodes_every_opset(opset, layout):
+    import sys
+
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    if os.path.join(REPO, "calib") not in sys.path:   # calib's modules import each other by name
+        sys.path.append(os.path.join(REPO, "calib"))
+    from pass_plan import Part
+    from session_stats import COUNTED, add_stat_outputs, counted_column, gram_output, numpy_outputs, part_outputs
+    T, K = 53, 20                      # K = 20: blocks of 8 leave a partial last block of 4
+    B = 8 if layout == "blocks8" else 0
+    parts = {"blocks8": [Part(0, K, 0, K)], "whole": [Part(0, K, 0, K)],
+             "panels": [Part(0, K, 0, 7), Part(0, K, 7, 20)]}[layout]
+    g = helper.make_graph([helper.make_node("Relu", ["inp"], ["act"]), helper.make_node("Neg", ["act"], ["y"])],
+                          "g", [helper.make_tensor_value_info("inp", TensorProto.FLOAT, [T, K])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [T, K])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=7 if opset < 21 else 10)
+    m = add_stat_outputs(m, [("act", K, parts)], B, keep_rows=False)   # outputs untyped: ORT infers them
+    rng = np.random.default_rng(opset)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    counted = rng.random(T) < 0.7
+    outs = [o for p in parts for o in part_outputs("act", p, B, False)]
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = dict(zip(outs, sess.run(outs, {"inp": x, COUNTED: counted_column(counted)})))
+    want = numpy_outputs("act", np.maximum(x, 0), counted, parts, B, False)
+    assert got.keys() == want.keys()
+    bound = f32_bound(np.maximum(x, 0).astype(np.float64) * counted[:, None])
+    bounds = {gram_output("act", p.r0, B): blocks_of(bound, 8) if B else bound[p.r0:p.r1, p.r0:] for p in parts}
+    for name, w in want.items():
+        assert got[name].shape == w.shape and got[name].dtype == w.dtype, name
+        if name in bounds:
+            assert (np.abs(got[name] - w) <= bounds[name]).all(), name
+        elif name.endswith("shape"):
+            assert np.array_equal(got[name], w)
+        else:
+            np.testing.assert_allclose(got[name], w, rtol=1e-5, err_msg=name)

@@ -13,7 +13,7 @@ from accumulator import Accumulator
 from calib_inputs import NpzBatches, random_batches, text_batches
 from layer_capture import layer_mode
 from messages import CalibError, first_line, log, log_batch, warn
-from model_feeds import FeedOptions, count_tokens, model_inputs
+from model_feeds import FeedOptions, batch_rows, count_tokens, model_inputs
 from model_graph import augmented_model_bytes, check_activations, load_graph, read_activations
 from ort_session import make_session, release_large_blocks, select_providers
 from output_files import write_index, write_stats, write_token_sample
@@ -238,8 +238,8 @@ def capture(a) -> int:
     if a.gram_block < 0:
         raise CalibError("--gram_block must be >= 0")
     in_session = stats_in_session(a, providers, layered)
-    # the token sample's session outputs: the activation's rows, about batch x seq_len per batch
-    sample_rows = batches.batch_size * batches.seq_len if in_session and a.sample_tokens > 0 else 0
+    # the token sample's session outputs: the activation's rows, one per token
+    sample_rows = batch_rows(batches) if in_session and a.sample_tokens > 0 else 0
     groups = plan_passes(acts, a.budget_mb * 2**20, a.gram_block, in_session, sample_rows)
     stats = StatsRunner(a.threads)
     release_large_blocks()

@@ -130,27 +130,34 @@ def test_session_parts_and_passes(tiny, tmp_path, case):
     assert got_one == plan_one == whole
 
 
-def test_sample_rows_count_in_the_budget(tiny, tmp_path):
-    """--sample_tokens (modelopt mode): the session also returns each activation's rows (2 x 37 per
-    batch here); the plan counts them, and the token sample equals the numpy path's."""
-    npz = make_npz(str(tmp_path), 6, 37, np.random.default_rng(22))
-    acts = acts_json(str(tmp_path))
-    args = ["capture", "--model", tiny, "--activations", acts, "--eps", "cpu", "--calib_data", npz,
+@pytest.mark.parametrize("feeds,budget", [("input_ids", 20000), ("hidden", 100000)])
+def test_sample_rows_count_in_the_budget(request, tmp_path, feeds, budget):
+    """--sample_tokens (modelopt mode): the session also returns each activation's rows, one per token of
+    a batch (2 x 37 of the tiny decoder's input_ids; 2 x 32 of make_awq's hidden states, an npz without
+    input_ids); the plan counts them, and the token sample equals the numpy path's."""
+    if feeds == "input_ids":
+        model = request.getfixturevalue("tiny")
+        npz = make_npz(str(tmp_path), 6, 37, np.random.default_rng(22))
+        acts = acts_json(str(tmp_path))
+    else:
+        awq = request.getfixturevalue("awq")
+        model, npz = awq["path"], awq["npz"]
+        acts = acts_json(str(tmp_path), [(n, x.shape[1]) for n, x in sorted(awq["ref"].items())])
+    args = ["capture", "--model", model, "--activations", acts, "--eps", "cpu", "--calib_data", npz,
             "--calib_size", 6, "--batch_size", 2, "--sample_tokens", 16, "--gram_block", 16]
     a = run_capture(*args, "--out", tmp_path / "numpy", "--stats_in_session", "off")
-    b = run_capture(*args, "--out", tmp_path / "session", "--stats_in_session", "on", "--budget_mb", 20000 / 2**20)
-    assert a.returncode == 0 and b.returncode == 0, b.stderr[-3000:]
+    b = run_capture(*args, "--out", tmp_path / "session", "--stats_in_session", "on", "--budget_mb", budget / 2**20)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-3000:] + b.stderr[-3000:]
     lines = pass_lines(b.stderr)
     assert len(lines) > 1
     for got, plan, cap in lines:
         assert got == plan <= cap
+    samples = {}
     for d in ("numpy", "session"):
         with open(tmp_path / d / "index.json") as f:
             idx = json.load(f)
-        samples = [np.fromfile(tmp_path / d / e["token_sample"], "<f4") for e in idx["activations"]]
-        if d == "numpy":
-            want = samples
-    assert all(x.size and np.array_equal(x, y) for x, y in zip(want, samples))
+        samples[d] = [np.fromfile(tmp_path / d / e["token_sample"], "<f4") for e in idx["activations"]]
+    assert all(x.size and np.array_equal(x, y) for x, y in zip(samples["numpy"], samples["session"]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -178,6 +178,22 @@ def awq(tmp_path_factory) -> dict:
     return {"root": root, "path": path, "npz": npz, "ref": ref}
 
 
+def test_row_panels_on_make_awq(awq, tmp_path):
+    """Row panels of K = 200 activations (budget 40000 B: rows 0..46, 47..111, 112..199) beside whole
+    K = 80 ones, the graph input `hidden` among them (its outputs computed with numpy): numpy's
+    statistics, each pass within the budget."""
+    acts = acts_json(str(tmp_path), [(n, x.shape[1]) for n, x in sorted(awq["ref"].items())])
+    p = run_capture("capture", "--model", awq["path"], "--activations", acts, "--eps", "cpu", "--calib_data",
+                    awq["npz"], "--calib_size", CALIB_SAMPLES, "--stats_in_session", "on", "--budget_mb",
+                    40000 / 2**20, "--out", tmp_path / "out")
+    assert p.returncode == 0, p.stderr[-3000:]
+    idx = check_against_numpy(str(tmp_path / "out"), awq["ref"], None)
+    lines = pass_lines(p.stderr)
+    assert len(lines) == idx["passes"] > len(idx["activations"])
+    assert all(got == plan <= cap == 40000 for got, plan, cap in lines)
+    assert {e["K"] for e in idx["activations"]} == {80, 200}
+
+
 def read_model(out: str) -> bytes:
     with open(out, "rb") as f, open(data_file(out), "rb") as g:
         return f.read() + g.read()

@@ -90,6 +90,7 @@ class CapturePasses:
         self.entries: list[dict | None] = [None] * len(acts)
         self.provider_used = None
         self.tokens_total = self.tokens_unpadded = 0
+        self.sample_rows = 0   # statistics in the session: the token rows of a batch (pass_plan.head_bytes)
 
     def run(self, gi: int, group: list) -> None:
         """Pass gi, over the pass_plan.Parts of `group`."""
@@ -129,7 +130,7 @@ class CapturePasses:
     def _fold_batches(self, gi: int, group: list[int], fetch: list[str], sess, accs: dict,
                       samplers: dict) -> tuple[int, int]:
         """Every batch run and folded into accs; (tokens, unpadded tokens)."""
-        a, layered, batches = self.a, self.layered, self.batches
+        layered, batches = self.layered, self.batches
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()

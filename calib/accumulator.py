@@ -1,12 +1,11 @@
-"""The statistics of one activation over the calibration set (Accumulator: mean_abs_np, sum_abs, the
-Gram matrix or its diagonal blocks) and the split of the activations into passes that fit --budget_mb."""
+"""The statistics of one activation over the calibration set, computed with numpy (Accumulator:
+mean_abs_np, sum_abs, the Gram matrix or its diagonal blocks)."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 
-from messages import warn
 
 
 class _Syrk:
@@ -98,7 +97,6 @@ class Accumulator:
         self.nbuf = 0
         self.rows = 0
         self.nonfinite = 0
-        self.reduced = False   # statistics from the session: mean_abs_np is the float32 sum / rows
 
     def update(self, X: np.ndarray, counted: np.ndarray | None) -> None:
         """X [R, K] (float32 or float16), counted: bool [R] or None (= all rows)."""
@@ -132,25 +130,6 @@ class Accumulator:
                 self.nonfinite += 1
         self.rows += Xd.shape[0]
 
-    def update_reduced(self, gram: np.ndarray, sum_counted: np.ndarray, sum_all: np.ndarray, rows_all: int,
-                       rows: int) -> None:
-        """One batch's statistics computed in the session (session_stats.py): float32 XᵀX of the counted
-        rows and column sums of |x|, summed here in the accumulators' types."""
-        self.acc32 = self.acc32 + sum_all.astype(np.float32)
-        self.reduced = True
-        self.rows_all += rows_all
-        self.sum_abs += sum_counted.astype(np.float64)
-        if self.gram is not None:
-            self.gram += gram
-        elif self.gram_block > 0:
-            B = self.gram_block
-            for g in range(self.gblocks.shape[0]):
-                kb = min(B, self.K - g * B)
-                self.gblocks[g, :kb, :kb] += gram[g * B:g * B + kb, g * B:g * B + kb]
-        if not np.isfinite(self.sum_abs).all():
-            self.nonfinite += 1
-        self.rows += rows
-
     def _buffer(self, X: np.ndarray) -> None:
         # Rows go to ssyrk GRAM_ROWS at a time, in order. A whole group of them already side by side in X
         # (a batch of 1 x 256 tokens) goes straight from X: the same ssyrk on the same rows, without a
@@ -183,29 +162,9 @@ class Accumulator:
         return g
 
     def mean_abs_np(self) -> np.ndarray:
-        if self.K == 1 and not self.reduced:
+        if self.K == 1:
             col = np.concatenate(self.col1).reshape(-1, 1) if self.col1 else np.zeros((0, 1), np.float32)
             return col.mean(0).astype(np.float32)
         out = np.empty(self.K, np.float32)
         np.true_divide(self.acc32, np.intp(self.rows_all), out=out, casting="unsafe")
         return out
-
-
-def group_by_budget(acts: list[tuple[str, int]], budget_bytes: float, gram_block: int = 0) -> list[list[int]]:
-    groups: list[list[int]] = []
-    cur, size = [], 0
-    for i, (name, K) in enumerate(acts):
-        if gram_block > 0:
-            b = -(-K // gram_block) * gram_block * gram_block * 4      # float32 accumulators
-        else:
-            b = K * K * 4 + Accumulator.GRAM_ROWS * K * 4     # float32 Gram + its row buffer
-        if cur and size + b > budget_bytes:
-            groups.append(cur)
-            cur, size = [], 0
-        if b > budget_bytes:
-            warn(f"activation '{name}': its Gram matrix alone ({b / 2**20:.1f} MiB) exceeds --budget_mb")
-        cur.append(i)
-        size += b
-    if cur:
-        groups.append(cur)
-    return groups

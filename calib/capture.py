@@ -66,6 +66,16 @@ class Parser(argparse.ArgumentParser):
         raise CalibError(f"command line: {message}")
 
 
+def _stats_in_session_default() -> str:
+    """NIBBLE_CALIB_STATS_IN_SESSION=auto|on|off: --stats_in_session's default, read here only. nibble
+    never passes the option, so this is how a test runs the GPU provider's path (the statistics computed
+    in the session) on the CPU provider through `nibble quantize`."""
+    v = os.environ.get("NIBBLE_CALIB_STATS_IN_SESSION", "auto").strip().lower() or "auto"
+    if v not in ("auto", "on", "off"):
+        raise CalibError(f"NIBBLE_CALIB_STATS_IN_SESSION={v}: auto, on or off expected")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="capture.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", parser_class=Parser)
@@ -110,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--layer_advance", action="store_true",
                    help="layer by layer: no statistics, only the boundary for the next group, computed with "
                         "--layer_weights")
-    c.add_argument("--stats_in_session", choices=["auto", "on", "off"], default="auto",
-                   help="compute X^T X and the |x| sums inside the ONNX Runtime session (on the provider's "
-                        "device) instead of with numpy on the host; auto: on for a provider other than CPU")
+    c.add_argument("--stats_in_session", choices=["auto", "on", "off"], default=_stats_in_session_default(),
+                   help="compute the statistics (what the algorithm keeps of X^T X, the |x| sums) inside the "
+                        "ONNX Runtime session (on the provider's device) instead of with numpy on the host; "
+                        "auto: on for a provider other than CPU. Default: $NIBBLE_CALIB_STATS_IN_SESSION, "
+                        "else auto")
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)

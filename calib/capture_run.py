@@ -9,31 +9,20 @@ import time
 
 import numpy as np
 
-from accumulator import Accumulator, group_by_budget
+from accumulator import Accumulator
 from calib_inputs import NpzBatches, random_batches, text_batches
 from layer_capture import layer_mode
-from messages import CalibError, first_line, log, warn
-from model_feeds import FeedOptions, model_inputs
-from model_graph import augmented_model_bytes, check_activations, load_graph, read_activations, session_model_bytes
+from messages import CalibError, first_line, log, log_batch, warn
+from model_feeds import FeedOptions, batch_rows, count_tokens, model_inputs
+from model_graph import augmented_model_bytes, check_activations, load_graph, read_activations
 from ort_session import make_session, release_large_blocks, select_providers
 from output_files import write_index, write_stats, write_token_sample
+from pass_plan import plan_passes
+from session_pass import SessionPass
 from stats_runner import StatsRunner
 from token_sample import TokenSampler
 
 INDEX_VERSION = 1
-
-
-def count_tokens(tt: int, tu: int, tok_mask, flat_mask, feeds) -> tuple[int, int]:
-    """Tokens so far (all, unpadded) after one more batch."""
-    if tok_mask is not None:
-        return tt + tok_mask.size, tu + int(flat_mask.sum())
-    if "input_ids" in feeds:
-        return tt + feeds["input_ids"].size, tu + feeds["input_ids"].size
-    return tt, tu
-
-
-def log_batch(gi: int, passes: int, bi: int, n_batches: int, t1: float, t2: float, t3: float) -> None:
-    log(f"pass {gi + 1}/{passes} batch {bi + 1}/{n_batches}: run {t2 - t1:.2f} s, stats {t3 - t2:.2f} s")
 
 
 def kill_point(point: str) -> None:
@@ -101,19 +90,24 @@ class CapturePasses:
         self.entries: list[dict | None] = [None] * len(acts)
         self.provider_used = None
         self.tokens_total = self.tokens_unpadded = 0
+        self.sample_rows = 0   # statistics in the session: the token rows of a batch (pass_plan.head_bytes)
 
-    def run(self, gi: int, group: list[int]) -> None:
-        """Pass gi, over the activations acts[i] for i in group."""
+    def run(self, gi: int, group: list) -> None:
+        """Pass gi, over the pass_plan.Parts of `group`."""
+        if self.in_session:
+            SessionPass(self, gi, group).run()
+            return
         a, acts = self.a, self.acts
-        samplers = {i: TokenSampler(a.sample_tokens, self.batches.n_batches) for i in group} \
+        ids = [p.i for p in group]      # the numpy path's parts are whole activations
+        samplers = {i: TokenSampler(a.sample_tokens, self.batches.n_batches) for i in ids} \
             if a.sample_tokens > 0 else {}
-        fetch, sess = self._graph(gi, group, samplers)
-        accs = {i: Accumulator(acts[i][0], acts[i][1], gram_block=a.gram_block) for i in group}
-        self.tokens_total, self.tokens_unpadded = self._fold_batches(gi, group, fetch, sess, accs, samplers)
+        fetch, sess = self._graph(gi, ids)
+        accs = {i: Accumulator(acts[i][0], acts[i][1], gram_block=a.gram_block) for i in ids}
+        self.tokens_total, self.tokens_unpadded = self._fold_batches(gi, ids, fetch, sess, accs, samplers)
         del sess
         if self.layered is not None and gi == 0:
             self.layered.finish_next()
-        for i in group:
+        for i in ids:
             self._write(i, accs.pop(i), samplers)
 
     def _session(self, model_bytes: bytes):
@@ -121,40 +115,28 @@ class CapturePasses:
         self.provider_used = self.provider_used or sess.get_providers()[0]
         return sess
 
-    def _graph(self, gi: int, group: list[int], samplers: dict):
+    def _graph(self, gi: int, group: list[int]):
         """(the tensors the session fetches, the session): none when the group reads only graph inputs,
         none yet layer by layer (the segment's session is made at the first batch)."""
-        acts = self.acts
-        names = [acts[i][0] for i in group]
+        names = [self.acts[i][0] for i in group]
         fetch = [n for n in names if n not in self.graph_inputs]
         sess = None
         if self.layered is not None:
             fetch = self.layered.fetch(names, carry=gi == 0)
         elif fetch:
-            cut = augmented_model_bytes(self.model, fetch)
-            if self.in_session:
-                cut = session_model_bytes(cut, [(n, K) for n, K in (acts[i] for i in group) if n in fetch],
-                                          bool(samplers))
-            sess = self._session(cut)
+            sess = self._session(augmented_model_bytes(self.model, fetch))
         return fetch, sess
 
     def _fold_batches(self, gi: int, group: list[int], fetch: list[str], sess, accs: dict,
                       samplers: dict) -> tuple[int, int]:
         """Every batch run and folded into accs; (tokens, unpadded tokens)."""
-        a, layered, batches = self.a, self.layered, self.batches
+        layered, batches = self.layered, self.batches
         tt = tu = 0
         for bi, (feeds, tok_mask) in enumerate(batches):
             t1 = time.time()
             if layered is not None and sess is None and fetch:
                 sess = self._session(layered.model_bytes(fetch))
             flat_mask = None if tok_mask is None else (np.asarray(tok_mask) != 0).reshape(-1)
-            if self.in_session:
-                counted = flat_mask if a.mask_padding and flat_mask is not None and not flat_mask.all() else None
-                self.stats.run_reduced(accs, group, self.acts, sess, fetch, feeds, counted, samplers,
-                                       self.model_path, bi)
-                log_batch(gi, self.passes, bi, batches.n_batches, t1, time.time(), time.time())
-                tt, tu = count_tokens(tt, tu, tok_mask, flat_mask, feeds)
-                continue
             got = self._run_batch(sess, fetch, feeds, bi)
             t2 = time.time()
             if layered is not None and gi == 0:
@@ -256,8 +238,10 @@ def capture(a) -> int:
 
     if a.gram_block < 0:
         raise CalibError("--gram_block must be >= 0")
-    groups = group_by_budget(acts, a.budget_mb * 2**20, a.gram_block)
     in_session = stats_in_session(a, providers, layered)
+    # the token sample's session outputs: the activation's rows, one per token
+    sample_rows = batch_rows(batches) if in_session and a.sample_tokens > 0 else 0
+    groups = plan_passes(acts, a.budget_mb * 2**20, a.gram_block, in_session, sample_rows)
     stats = StatsRunner(a.threads)
     release_large_blocks()
     log(f"{len(acts)} activations, {batches.samples} samples in {batches.n_batches} batches of "
@@ -266,6 +250,7 @@ def capture(a) -> int:
 
     passes = CapturePasses(a, model, model_dir, out_dir, acts, batches, layered, providers, in_session, stats,
                            len(groups))
+    passes.sample_rows = sample_rows
     for gi, group in enumerate(groups):
         passes.run(gi, group)
 

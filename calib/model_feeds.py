@@ -203,3 +203,26 @@ class FeedBuilder:
                 raise CalibError(f"{self.where}: no value for the model's input '{name}' ({s.describe()}), "
                                  f"and it cannot be synthesised")
         return out
+
+
+def count_tokens(tt: int, tu: int, tok_mask, flat_mask, feeds) -> tuple[int, int]:
+    """Tokens so far (all, unpadded) after one more batch."""
+    if tok_mask is not None:
+        return tt + tok_mask.size, tu + int(flat_mask.sum())
+    if "input_ids" in feeds:
+        return tt + feeds["input_ids"].size, tu + feeds["input_ids"].size
+    return tt, tu
+
+
+def batch_rows(batches) -> int:
+    """The token rows of one batch, read from the first: input_ids' or the attention mask's size, else
+    (a model fed hidden states) the largest float feed's size over its last axis. What the session
+    returns of an activation's rows for the token sample is sized by it."""
+    feeds, tok_mask = next(iter(batches))
+    if "input_ids" in feeds:
+        return int(np.asarray(feeds["input_ids"]).size)
+    if tok_mask is not None:
+        return int(np.asarray(tok_mask).size)
+    arrays = [np.asarray(a) for a in feeds.values()]
+    return max((a.size // a.shape[-1] for a in arrays if a.dtype.kind == "f" and a.ndim >= 2 and a.shape[-1]),
+               default=0)

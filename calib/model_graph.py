@@ -125,7 +125,8 @@ def augmented_model_bytes(model, outputs: list[str]) -> bytes:
                          f"beyond protobuf's 2 GiB limit? Store them as external data") from None
 
 
-def session_model_bytes(cut: bytes, acts: list[tuple[str, int]], keep_rows: bool) -> bytes:
+def session_model_bytes(cut: bytes, items: list, gram_block: int, keep_rows: bool) -> bytes:
+    """The cut graph with session_stats.py's statistics of `items` as its outputs."""
     import onnx
     from session_stats import add_stat_outputs
-    return add_stat_outputs(onnx.load_from_string(cut), acts, keep_rows).SerializeToString()
+    return add_stat_outputs(onnx.load_from_string(cut), items, gram_block, keep_rows).SerializeToString()

@@ -16,24 +16,55 @@ def write_array(path: str, arr: np.ndarray, dtype: str) -> None:
     os.replace(tmp, path)
 
 
-def write_stats(out_dir: str, out_arg: str, i: int, acc, gram_block: int) -> dict:
-    """Activation i's statistics from its Accumulator `acc`; its entry in index.json."""
-    files = {"mean_abs_np": f"a{i}.mean_abs_np.f32", "sum_abs": f"a{i}.sum_abs.f64",
-             "gram": f"a{i}.gram.f64"}
+def stat_files(i: int, gram_block: int) -> dict:
+    """Activation i's files, by index.json key."""
+    return {"mean_abs_np": f"a{i}.mean_abs_np.f32", "sum_abs": f"a{i}.sum_abs.f64",
+            "gram": f"a{i}.gram_blocks.f64" if gram_block > 0 else f"a{i}.gram.f64"}
+
+
+def write_sums(out_dir: str, out_arg: str, i: int, acc, gram_block: int) -> dict:
+    """Activation i's mean_abs_np and sum_abs from `acc`; its entry in index.json (the Gram file named,
+    written apart)."""
+    files = stat_files(i, gram_block)
     try:
         write_array(os.path.join(out_dir, files["mean_abs_np"]), acc.mean_abs_np(), "<f4")
         write_array(os.path.join(out_dir, files["sum_abs"]), acc.sum_abs, "<f8")
-        if gram_block > 0:
-            files["gram"] = f"a{i}.gram_blocks.f64"
-            write_array(os.path.join(out_dir, files["gram"]), acc.gblocks, "<f8")
-        else:
-            write_array(os.path.join(out_dir, files["gram"]), acc.gram_f64(), "<f8")
     except OSError as e:
         raise CalibError(f"--out {out_arg}: cannot write ({e.strerror or e})") from None
     entry = {"name": acc.name, "K": acc.K, "rows": acc.rows, "rows_all": acc.rows_all, **files}
     if gram_block > 0:
         entry["gram_block"] = gram_block
     return entry
+
+
+def write_stats(out_dir: str, out_arg: str, i: int, acc, gram_block: int) -> dict:
+    """Activation i's statistics from its Accumulator `acc`; its entry in index.json."""
+    entry = write_sums(out_dir, out_arg, i, acc, gram_block)
+    try:
+        write_array(os.path.join(out_dir, entry["gram"]), acc.gblocks if gram_block > 0 else acc.gram_f64(), "<f8")
+    except OSError as e:
+        raise CalibError(f"--out {out_arg}: cannot write ({e.strerror or e})") from None
+    return entry
+
+
+def write_gram_rows(out_dir: str, out_arg: str, fname: str, r0: int, rows: np.ndarray, last: bool) -> None:
+    """Rows r0.. of a row-major Gram file (float64 [rows, K]), written into its temporary name at their
+    offset; the file is renamed into place with its last rows."""
+    path = os.path.join(out_dir, fname)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "r+b" if r0 > 0 else "wb") as f:
+            f.seek(r0 * rows.shape[1] * 8)
+            f.write(np.ascontiguousarray(rows, dtype="<f8").tobytes())
+        if last:
+            os.replace(tmp, path)
+    except OSError as e:
+        raise CalibError(f"--out {out_arg}: cannot write ({e.strerror or e})") from None
+
+
+def read_gram_rows(out_dir: str, fname: str, K: int, r0: int) -> np.ndarray:
+    """The first r0 rows of a Gram file being written (write_gram_rows), float64 [r0, K], mapped."""
+    return np.memmap(os.path.join(out_dir, fname) + ".tmp", dtype="<f8", mode="r", shape=(r0, K))
 
 
 def write_token_sample(out_dir: str, out_arg: str, i: int, smp, K: int) -> dict:

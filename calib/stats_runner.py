@@ -1,5 +1,5 @@
-"""Folds each calibration batch into the activations' Accumulators: with numpy on the host, side by
-side on threads, or from the statistics the session computed (session_stats.py)."""
+"""Folds each calibration batch into the activations' Accumulators with numpy on the host, side by
+side on threads (the statistics computed in the session are session_pass.py's)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,6 @@ import os
 import numpy as np
 
 from accumulator import Accumulator
-from messages import CalibError, first_line
 
 
 class StatsRunner:
@@ -44,40 +43,6 @@ class StatsRunner:
             for f in futures:   # a failed update ends the run: drop what has not started
                 f.cancel()
             raise
-
-    @staticmethod
-    def run_reduced(accs: dict, group: list, acts, sess, fetch: list, feeds: dict, counted, samplers: dict,
-                    model_path: str, bi: int) -> None:
-        """One batch with the statistics computed by the session (session_stats.py)."""
-        from session_stats import COUNTED, SUFFIXES, counted_column, numpy_stats
-        outs = [n + sfx for n in fetch for sfx in SUFFIXES] + (list(fetch) if samplers else [])
-        got = {}
-        if sess is not None:
-            try:
-                got = dict(zip(outs, sess.run(outs, {**feeds, COUNTED: counted_column(counted)})))
-            except Exception as e:  # noqa: BLE001
-                raise CalibError(f"{model_path}: ONNX Runtime failed on calibration batch {bi + 1} "
-                                 f"({first_line(e)})") from None
-        for i in group:
-            name, K = acts[i]
-            if name in got or name + SUFFIXES[0] in got:
-                gram, s_cnt, s_all, shape = (got.pop(name + sfx) for sfx in SUFFIXES)
-                R = int(shape[0])
-                if int(shape[1]) != K:
-                    raise CalibError(f"{model_path}: activation '{name}' has last dimension {int(shape[1])}, "
-                                     f"not K = {K} (--activations)")
-            else:   # a graph input: the feed itself
-                X = np.asarray(feeds[name]).reshape(-1, K)
-                R = X.shape[0]
-                gram, s_cnt, s_all = numpy_stats(X, counted if counted is not None and counted.size == R else None)
-            if counted is not None and counted.size != R:
-                raise CalibError(f"{model_path}: activation '{name}' has {R} rows per batch, the attention mask "
-                                 f"{counted.size} tokens: --mask_padding 1 cannot tell its padding rows")
-            if samplers:
-                x = got.pop(name) if name in got else np.asarray(feeds[name])
-                samplers[i].update(x.reshape(-1, K), name)
-            with np.errstate(all="ignore"):
-                accs[i].update_reduced(gram, s_cnt, s_all, R, R if counted is None else int(counted.sum()))
 
     def close(self) -> None:
         if self.pool is not None:

@@ -2,6 +2,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "kernels/backend_check.h"
 #include "kernels/backend_check_data.h"
@@ -71,15 +73,17 @@ std::string check_clip_gram(Backend& r, Backend& g, const Case& c, const check::
   return {};
 }
 
+// Column chunks of many columns (the float chain), of one (pairwise sums: bsz_col 1, or N - 1 whose
+// last chunk is one column), and of fewer columns than N; a token count that divides nothing.
 std::string check_clip_modelopt(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
-  const int64_t T = 64;
-  auto x = check::positive(T * c.K, -1.0f, 1.0f, 9);
   const std::vector<double> ratios{1.0, 0.95, 0.9, 0.85, 0.8};
-  for (int64_t bsz : {int64_t(1024), int64_t(1)})
+  for (const auto& [T, bsz] : {std::pair<int64_t, int64_t>{64, 1024}, {64, 1}, {61, c.N - 1}, {61, 16}}) {
+    auto x = check::positive(T * c.K, -1.0f, 1.0f, 9);
     if (auto e = same(r.clip_search_modelopt(w.m, c.spec(), x.data(), T, ratios, bsz),
                       g.clip_search_modelopt(w.m, c.spec(), x.data(), T, ratios, bsz), "ratios");
         !e.empty())
-      return e;
+      return e + " (T " + std::to_string(T) + ", bsz_col " + std::to_string(bsz) + ")";
+  }
   return {};
 }
 

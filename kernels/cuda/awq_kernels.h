@@ -112,22 +112,26 @@ struct GroupAmaxBody {
   }
 };
 
-// mean over n of |w(k, n)| / (amax of its group + FLT_MIN), one thread per k (weight_mean).
+// mean over n of |w(k, n)| / (amax of its group + damp), one thread per k: weight_mean (damp FLT_MIN)
+// and, on the siblings side by side, weight_mean_joint (damp 1e-6f).
 struct WeightMeanBody {
   WeightView w;
   int64_t block, M;
   bool contiguous;
   const float* amax;
   float* out;
+  float damp = 1.17549435e-38f;
   // The group of (k, n) is base + n, base the group of (k, 0): contiguous (k / block) * N; strided
-  // (k * N) % M, wrapped once (N <= M) — no 64-bit division per element (a call on the GPU: spills).
+  // (k * N) % M, wrapped (once when N <= M, as in weight_mean) — no 64-bit division per element (a call
+  // on the GPU: spills).
   struct Row {
     const WeightMeanBody* b;
     int64_t k, base;
     NIBBLE_HD float operator()(int64_t n) const {
       int64_t grp = base + n;
-      if (!b->contiguous && grp >= b->M) grp -= b->M;
-      return hd::fabs(b->w.at(k, n)) / (b->amax[grp] + 1.17549435e-38f);
+      if (!b->contiguous)
+        while (grp >= b->M) grp -= b->M;
+      return hd::fabs(b->w.at(k, n)) / (b->amax[grp] + b->damp);
     }
   };
   NIBBLE_HD void operator()(int64_t k) const {

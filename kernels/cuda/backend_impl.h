@@ -5,8 +5,7 @@
 //
 // On the host, through `host_` (the threaded CPU backend), each entered in the transfer ledger as a
 // host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits),
-// clip_search_modelopt and awq_weight_mean_joint (ModelOpt-mode only), gptq_factor, gptq_quantize and
-// hqq (its powf must be libm's): no device versions yet.
+// gptq_factor, gptq_quantize and hqq (its powf must be libm's): no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -102,14 +101,7 @@ class CudaBackend final : public Backend {
       return h.gptq_quantize(host_weight(w, b), spec, f, opt, out);
     });
   }
-  std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override {
-    return on_host("awq_weight_mean_joint", [&](Backend& h) {
-      std::vector<std::vector<uint8_t>> b(siblings.size());
-      std::vector<WeightMatrix> on(siblings.size());
-      for (size_t i = 0; i < siblings.size(); ++i) on[i] = host_weight(siblings[i], b[i]);
-      return h.awq_weight_mean_joint(on, block);
-    });
-  }
+  std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override;
   std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                double alpha) override {
     return on_host("awq_scale", [&](Backend& h) { return h.awq_scale(x_mean, w_mean, alpha); });
@@ -121,12 +113,7 @@ class CudaBackend final : public Backend {
                                  const QuantSpec& spec, const GramForm& gram,
                                  const std::vector<float>* clip_ratios) override;
   std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
-                                          const std::vector<double>& ratios, int64_t bsz_col) override {
-    return on_host("clip_search_modelopt", [&](Backend& h) {
-      std::vector<uint8_t> b;
-      return h.clip_search_modelopt(host_weight(w, b), spec, x, T, ratios, bsz_col);
-    });
-  }
+                                          const std::vector<double>& ratios, int64_t bsz_col) override;
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
   std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;

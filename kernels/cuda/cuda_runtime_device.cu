@@ -89,10 +89,10 @@ class RuntimeDevice final : public DeviceLayer {
 
  private:
   struct Job {
-    void* dst;
-    const void* src;
-    size_t bytes;
-    cudaEvent_t done;  // recorded on the prefetch stream after its last chunk
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded on the prefetch stream after its last chunk
     bool issued = false;
     std::string error;
   };
@@ -190,7 +190,8 @@ void RuntimeDevice::drop_fence(uint64_t id) {
 }
 
 void RuntimeDevice::start_prefetch(uint64_t ticket, void* dst, const void* src, size_t bytes) {
-  auto job = std::make_shared<Job>(Job{dst, src, bytes, take_event()});
+  auto job = std::make_shared<Job>();
+  job->dst = dst, job->src = src, job->bytes = bytes, job->done = take_event();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(job);

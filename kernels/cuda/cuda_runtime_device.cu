@@ -166,9 +166,24 @@ cudaEvent_t RuntimeDevice::take_event() {
   return e;
 }
 
+// Called by release(), hence from destructors (DeviceBuffer) and during unwinding: never throws. Without
+// an event (none could be made or recorded: the context has failed, and that error surfaces at a sync
+// point) the compute stream is waited for here instead, so the block is free when it goes to the pool.
 uint64_t RuntimeDevice::fence_compute() {
-  cudaEvent_t e = take_event();
-  check(cudaEventRecord(e, compute_), "event");
+  cudaEvent_t e = nullptr;
+  if (!free_events_.empty()) {
+    e = free_events_.back();
+    free_events_.pop_back();
+  } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
+    all_events_.push_back(e);
+  } else {
+    e = nullptr;
+  }
+  if (!e || cudaEventRecord(e, compute_) != cudaSuccess) {
+    if (e) give_event(e);
+    cudaStreamSynchronize(compute_);
+    return 0;
+  }
   fences_[next_fence_] = e;
   return next_fence_++;
 }
@@ -234,6 +249,8 @@ void RuntimeDevice::run_prefetches() {
       check(cudaEventRecord(job->done, prefetch_), "event");
     } catch (const std::exception& e) {
       job->error = e.what();
+    } catch (...) {
+      job->error = "unknown error";
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);

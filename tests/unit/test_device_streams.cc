@@ -230,3 +230,26 @@ TEST(DeviceStreams, AsynchronousErrorsNameTheOperation) {
   }
   EXPECT_EQ(e, "cuda_emulated: awq_losses: an illegal memory access was encountered (injected into a copy)");
 }
+
+// The operations' own copies in small chunks: a weight in column panels (a budget of 256 KiB), its panels
+// pitched rows of the [K, N] layout and consecutive rows of [N, K], every copy through 4 KiB staging
+// buffers (a 1000-byte row of 500 fp16 columns does not divide a chunk): the CPU's codes, scales and
+// error, bit for bit.
+TEST(DeviceStreams, OperationsThroughSmallStagingBuffersMatchTheCpu) {
+  for (int k_axis : {0, 1}) {
+    Weight w(320, 500, 7);
+    if (k_axis == 1) w.m = WeightMatrix{DType::kFloat16, w.bits.data(), 500, 320, 1};
+    auto gpu = gpu::make_emulated_cuda_backend(gpu::make_emulated_device(256u << 10, kChunk), make_cpu_backend());
+    for (const bool zp : {false, true}) {
+      const QuantSpec spec{4, 32, zp};
+      QuantResult g, c;
+      gpu->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, g);
+      make_cpu_backend()->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, c);
+      expect_same(g, c);
+    }
+    const OpTransfers t = op(*gpu, "rtn_lsq");
+    EXPECT_EQ(t.h2d_bytes, 2 * w.bytes()) << k_axis;  // in panels, each byte once per call
+    EXPECT_EQ(t.staged_bytes, t.h2d_bytes + t.d2h_bytes);
+    EXPECT_GE(t.staging_chunks, 2 * ceil_div(w.bytes(), kChunk));
+  }
+}

@@ -10,10 +10,23 @@ arithmetic each operation implies; this script puts them on a roofline of an RTX
 Per operation: bytes up and down, launches, fp32 and fp64 flops, and the projected time on each card:
   transfer = (h2d + d2h) / PCIe bandwidth  (synchronous copies today: nothing overlaps them)
   compute  = max(fp32 flops / fp32 peak, fp64 flops / fp64 peak) + launches x 5 us
-and for the whole run the time with copies serialized (today) and fully overlapped (the bound once
-uploads run beside compute). Operations that ran on the host (host_fallback) are listed but not
-projected: their time is the CPU's. The flops are a model's count from the shapes (kernels/cuda:
-count_flops), not measured; the bytes are exact.
+and for the whole run three times:
+  - serialized: every copy and every operation one after the other (one stream, synchronous copies: the
+    CUDA backend before its copies went through pinned staging and streams);
+  - as built: the structure of kernels/cuda/device.h. The prefetches that the ledger counts as overlapped
+    (Backend::keep of the next weight, on the prefetch stream, launches issued while it was in flight:
+    `prefetch_bytes_overlapped`) run beside everything else; the operations' own copies stay in series
+    with their compute (the copy stream waits for the compute stream and back). PCIe is full duplex and
+    the prefetch stream has its own copy engine, so: max(prefetched / PCIe, the rest in series). Summed
+    over the run, not weight by weight: a bound that assumes the prefetches are spread like the compute;
+  - fully overlapped: max(all uploads, all downloads, all compute) (PCIe full duplex), the bound of any
+    structure.
+A copy through staging is also bounded by the host's memcpy into the pinned buffer (chunk i + 1 is filled
+while chunk i is in flight); one thread's memcpy from the page cache runs ~10 GB/s (HOST_COPY), below
+an H100's PCIe 5.0: the line "staging fill" says what that bound would be for the staged bytes.
+Operations that ran on the host (host_fallback) are listed but not projected: their time is the CPU's.
+The flops are a model's count from the shapes (kernels/cuda: count_flops), not measured; the bytes are
+exact.
 """
 from __future__ import annotations
 
@@ -28,6 +41,8 @@ CARDS = {
     "H100": {"pcie": 50e9, "fp32": 67e12, "fp64": 34e12},
 }
 LAUNCH_S = 5e-6
+# One host thread's memcpy from the page cache into pinned staging (the figure GPU-MODEL.md uses for RTN).
+HOST_COPY = 10e9
 
 
 def project(op: dict, card: dict) -> tuple[float, float]:
@@ -62,6 +77,7 @@ def report(path: str, markdown: bool) -> None:
            [f"{c} copy+compute ms" for c in CARDS]
     rows = []
     totals = {c: [0.0, 0.0] for c in CARDS}
+    one_way = {c: [0.0, 0.0] for c in CARDS}  # projected ops' bytes up and down, in seconds
     for name, op in sorted(d["ops"].items()):
         row = [name, str(op["calls"]), human(op["h2d_bytes"]), human(op["d2h_bytes"]), str(op["launches"]),
                f"{op.get('flops', 0) / 1e9:.1f}", f"{op.get('flops_fp64', 0) / 1e9:.1f}"]
@@ -72,6 +88,8 @@ def report(path: str, markdown: bool) -> None:
             t, k = project(op, card)
             totals[c][0] += t
             totals[c][1] += k
+            one_way[c][0] += op["h2d_bytes"] / card["pcie"]
+            one_way[c][1] += op["d2h_bytes"] / card["pcie"]
             row.append(f"{t * 1e3:.1f} + {k * 1e3:.1f}")
         rows.append(row)
     if markdown:
@@ -82,9 +100,20 @@ def report(path: str, markdown: bool) -> None:
         widths = [max(len(x[i]) for x in rows + [cols]) for i in range(len(cols))]
         for row in [cols] + rows:
             print("  " + "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    prefetched = d.get("prefetch_bytes_overlapped", 0)
+    print(f"  prefetches {d.get('prefetches', 0)} ({d.get('prefetches_overlapped', 0)} overlapped, "
+          f"{human(prefetched)}), through staging {human(d.get('staged_bytes', 0))} in "
+          f"{d.get('staging_chunks', 0)} chunks")
     for c, (t, k) in totals.items():
-        print(f"  {c}: device part {1e3 * (t + k):.0f} ms with copies serialized (today), "
-              f"{1e3 * max(t, k):.0f} ms overlapped; of which copies {1e3 * t:.0f} ms, compute {1e3 * k:.0f} ms")
+        p = prefetched / CARDS[c]["pcie"]
+        built = max(p, t + k - p)
+        bound = max(one_way[c][0], one_way[c][1], k)
+        print(f"  {c}: device part {1e3 * (t + k):.0f} ms with copies serialized, {1e3 * built:.0f} ms as built "
+              f"(prefetch stream {1e3 * p:.0f} ms beside {1e3 * (t + k - p):.0f} ms in series), "
+              f"{1e3 * bound:.0f} ms fully overlapped; of which copies {1e3 * t:.0f} ms, compute {1e3 * k:.0f} ms")
+    fill = d.get("staged_bytes", 0) / HOST_COPY
+    print(f"  staging fill: {human(d.get('staged_bytes', 0))} at {HOST_COPY / 1e9:.0f} GB/s (one host thread's "
+          f"memcpy) takes {1e3 * fill:.0f} ms, a floor on the copies of either card when it exceeds their PCIe time")
 
 
 def main(argv: list[str]) -> int:

@@ -102,6 +102,16 @@ struct OpTransfers {
   uint64_t flops = 0;
   uint64_t flops_fp64 = 0;
   bool host_fallback = false;
+  // How the copies went (kernels/cuda/device.h): the bytes of h2d + d2h that went through the pinned
+  // staging ring and the chunked copies (DMAs) they took; uploads enqueued ahead of their use
+  // (Backend::keep's prefetch, counted under the operation that enqueued them) and, of those, the ones
+  // during which launches were issued before anything waited for them (overlapped with compute).
+  uint64_t staged_bytes = 0;
+  uint64_t staging_chunks = 0;
+  uint64_t prefetches = 0;
+  uint64_t prefetch_bytes = 0;
+  uint64_t prefetches_overlapped = 0;
+  uint64_t prefetch_bytes_overlapped = 0;
 };
 
 // The ledger of a run: totals and one entry per operation name (the Backend method's name).
@@ -124,7 +134,9 @@ class Backend {
 
   // ---- Arrays kept on the backend (tensors that live on the backend: uploaded once, read in place)
   // The weight put on the backend: its operations given the returned matrix read the backend's copy. A
-  // device backend uploads it here (when it fits its memory; else the matrix comes back as it was); the
+  // device backend enqueues its upload and returns at once (when it fits its memory; else the matrix
+  // comes back as it was): the operations that read it wait for the upload, so the host may keep the
+  // next weight while this one computes (w.data must stay valid while the returned handle lives). The
   // CPU returns w as it is.
   virtual WeightMatrix keep(const WeightMatrix& w) { return w; }
   // scale_weight_f32 left on the backend: a device backend returns a float32 matrix that only it holds

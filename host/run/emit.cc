@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "host/graph/awq_place.h"
 #include "host/run/progress.h"
@@ -194,6 +195,23 @@ bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vecto
   return false;
 }
 
+// Whether the quantizer reads this weight on the backend as it is stored (no AWQ scale, no divided
+// columns, no algorithm that runs on the host): then it is worth putting on the backend ahead of time.
+bool read_as_stored(const QuantizeOptions& o, const PlannedWeight& pw, const Searched& searched,
+                    const std::map<std::string, std::vector<float>>& scales,
+                    const std::map<std::string, std::vector<float>>& column_divisors) {
+  return !searched.replay && !searched.gptq && !o.searches_clip() && o.algo != Algo::kHqq &&
+         !scales.count(pw.weight) && !column_divisors.count(pw.weight);
+}
+
+// The next weight, put on the backend before the current one is quantized (Backend::keep enqueues its
+// upload and returns at once): on a device its upload runs while the current weight computes and comes
+// back. The CPU keeps nothing; a device that cannot hold two weights beside the work returns it as it was.
+struct Ahead {
+  std::optional<TensorView> view;
+  kernels::WeightMatrix kept;
+};
+
 }  // namespace
 
 Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
@@ -223,14 +241,25 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   for (const auto& t : plan.gathers)
     if (!t.tied_to.empty()) rewriter.keep_zero_points_of(t.tied_to);
   Progress progress(int64_t(plan.weights.size() + plan.gathers.size()), e.bytes_in, !o.quiet);
-  for (const auto& pw : plan.weights) {
+  Ahead ahead;
+  for (size_t i = 0; i < plan.weights.size(); ++i) {
+    const PlannedWeight& pw = plan.weights[i];
     const auto tw = std::chrono::steady_clock::now();
-    TensorView v = model.view(*model.initializer(pw.weight));
+    TensorView v = ahead.view ? std::move(*ahead.view) : model.view(*model.initializer(pw.weight));
+    kernels::WeightMatrix kept = std::move(ahead.kept);
+    ahead = Ahead{};
+    if (i + 1 < plan.weights.size() &&
+        read_as_stored(o, plan.weights[i + 1], searched, scales, column_divisors)) {
+      const PlannedWeight& nw = plan.weights[i + 1];
+      ahead.view = model.view(*model.initializer(nw.weight));
+      ahead.kept = backend.keep(kernels::WeightMatrix{nw.dtype, ahead.view->data, nw.rows, nw.cols, nw.k_axis, {}});
+    }
     const auto s = scales.find(pw.weight);
     const std::vector<float>* sp = s == scales.end() ? nullptr : &s->second;
     const auto cd = column_divisors.find(pw.weight);
-    const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
-                               backend);
+    Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
+                         backend);
+    if (kept.resident) p.w = kept;  // kept ahead (read_as_stored): the backend reads its own copy
     const bool float_zp = float_zero_points(o, pw, rewriter);
     const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zp, backend);
     if (searched.on_quantized && !searched.replay)
@@ -247,6 +276,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     if (used != planned.format)
       spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
                    pw.weight, pw.node_name);
+    kept = {};  // the backend's copy goes before the pages it was read from
+    p.w.resident.reset();
     if (!pw.keep_float) model.release(v);
     const int64_t n = pw.rows * pw.cols;
     e.bytes_out += bytes;

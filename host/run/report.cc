@@ -70,14 +70,27 @@ nlohmann::json ledger_to_json(const kernels::TransferLedger& l) {
   nlohmann::json ops = nlohmann::json::object(), on_host = nlohmann::json::array();
   for (const auto& [name, t] : l.ops)
     if (t.host_fallback) on_host.push_back(name);
-  for (const auto& [name, t] : l.ops)
+  // How the copies went (pinned staging, prefetches ahead of use): beside the counts of bytes.
+  const auto copies = [](const kernels::OpTransfers& t) {
+    return nlohmann::json{{"staged_bytes", t.staged_bytes},
+                          {"staging_chunks", t.staging_chunks},
+                          {"prefetches", t.prefetches},
+                          {"prefetch_bytes", t.prefetch_bytes},
+                          {"prefetches_overlapped", t.prefetches_overlapped},
+                          {"prefetch_bytes_overlapped", t.prefetch_bytes_overlapped}};
+  };
+  for (const auto& [name, t] : l.ops) {
     ops[name] = {{"calls", t.calls},       {"h2d_bytes", t.h2d_bytes}, {"d2h_bytes", t.d2h_bytes},
                  {"allocations", t.allocations}, {"launches", t.launches}, {"flops", t.flops},
                  {"flops_fp64", t.flops_fp64},     {"host_fallback", t.host_fallback}};
-  return {{"h2d_bytes", l.total.h2d_bytes}, {"d2h_bytes", l.total.d2h_bytes}, {"allocations", l.total.allocations},
-          {"launches", l.total.launches},   {"flops", l.total.flops}, {"flops_fp64", l.total.flops_fp64},
-          {"host_fallback", l.total.host_fallback}, {"on_host", on_host},
-          {"ops", ops}};
+    ops[name].update(copies(t));
+  }
+  nlohmann::json total = {{"h2d_bytes", l.total.h2d_bytes}, {"d2h_bytes", l.total.d2h_bytes},
+                          {"allocations", l.total.allocations}, {"launches", l.total.launches},
+                          {"flops", l.total.flops}, {"flops_fp64", l.total.flops_fp64},
+                          {"host_fallback", l.total.host_fallback}, {"on_host", on_host}, {"ops", ops}};
+  total.update(copies(l.total));
+  return total;
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& report) {

@@ -34,6 +34,8 @@ struct Panel {
 struct DeviceArray final : Resident {
   const void* owner = nullptr;  // the backend that made it: another backend's handle is not read
   DeviceBuffer<uint8_t> data;
+  // Its upload when keep() enqueued one (declared after `data`: awaited before the memory is released).
+  mutable Prefetch upload;
 };
 
 // A quantization result of one panel on the device.
@@ -131,8 +133,10 @@ class CudaBackend final : public Backend {
     dev_->count_launch();
     return *la_;
   }
-  // The device copy of an array this backend kept (null: none, or another backend's).
+  // The device copy of an array this backend kept (null: none, or another backend's); the compute stream
+  // waits for its upload when one is still in flight.
   const uint8_t* kept(const std::shared_ptr<const Resident>& r) const;
+  const DeviceArray* mine(const std::shared_ptr<const Resident>& r) const;
   // A weight's bytes on the device: its kept copy, or uploaded into `tmp`.
   const uint8_t* weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp);
   // U of a Gram matrix on the device (empty when not factorisable or beyond the budget).

@@ -17,9 +17,16 @@ constexpr uint64_t kSlack = 64 * 1024;
 
 }  // namespace
 
-const uint8_t* CudaBackend::kept(const std::shared_ptr<const Resident>& r) const {
+const DeviceArray* CudaBackend::mine(const std::shared_ptr<const Resident>& r) const {
   const auto* a = dynamic_cast<const DeviceArray*>(r.get());
-  return a && a->owner == this ? a->data.get() : nullptr;
+  return a && a->owner == this ? a : nullptr;
+}
+
+const uint8_t* CudaBackend::kept(const std::shared_ptr<const Resident>& r) const {
+  const DeviceArray* a = mine(r);
+  if (!a) return nullptr;
+  a->upload.await();  // a weight kept ahead: the compute stream waits for its upload
+  return a->data.get();
 }
 
 const uint8_t* CudaBackend::weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp) {
@@ -42,20 +49,23 @@ WeightMatrix CudaBackend::host_weight(const WeightMatrix& w, std::vector<uint8_t
 
 WeightMatrix CudaBackend::keep(const WeightMatrix& w) {
   const OpScope op(*dev_, "keep");
-  if (kept(w.resident) || !w.data) return w;
+  if (mine(w.resident) || !w.data) return w;
   const uint64_t bytes = uint64_t(w.rows * w.cols) * dtype_size(w.dtype);
-  // Half the budget at most: the operations on it still need their panels beside it.
+  // Half the budget at most, with what is kept already (a weight kept ahead beside the one computing):
+  // the operations on it still need their panels beside it.
   if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / 2) return w;
   auto a = std::make_shared<DeviceArray>();
   a->owner = this;
-  a->data = upload(static_cast<const uint8_t*>(w.data), size_t(bytes));
+  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(bytes));
+  // Enqueued on the prefetch stream; the first operation that reads it waits (kept()).
+  a->upload = dev_->prefetch(a->data.get(), w.data, size_t(bytes));
   WeightMatrix out = w;
   out.resident = std::move(a);
   return out;
 }
 
 GramForm CudaBackend::keep_gram(const GramForm& g) {
-  if (kept(g.gram_resident) || !g.gram32) return g;
+  if (mine(g.gram_resident) || !g.gram32) return g;
   const OpScope op(*dev_, "keep_gram");
   const uint64_t bytes = uint64_t(g.K) * uint64_t(g.K) * 4;
   if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / 2) return g;  // streams in row panels per loss
@@ -69,7 +79,7 @@ GramForm CudaBackend::keep_gram(const GramForm& g) {
 
 WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
   const int64_t n = w.rows * w.cols;
-  const uint64_t in_bytes = kept(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
+  const uint64_t in_bytes = mine(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
   if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 2)
     return Backend::scale_weight_f32_kept(w, s, host);  // streams in row panels through the host
   const OpScope op(*dev_, "scale_weight_f32");

@@ -1,9 +1,8 @@
 // The linear-algebra interface on cuBLAS and cuSOLVER: one call each, the arguments unchanged.
-// GPU builds only; blas_linalg.cc is its twin on the emulated device.
+// GPU builds only; blas_linalg.cc is its twin on the emulated device. Compiled, not yet run on a GPU.
 #include <cublas_v2.h>
 #include <cusolverDn.h>
 
-#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/linalg.h"
@@ -11,12 +10,6 @@
 namespace nibble::kernels::gpu {
 namespace {
 
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS ") + what + " failed: " + std::to_string(int(s)));
-}
-void check(cusolverStatus_t s, const char* what) {
-  if (s != CUSOLVER_STATUS_SUCCESS) throw std::runtime_error(std::string("cuSOLVER ") + what + " failed: " + std::to_string(int(s)));
-}
 cublasOperation_t op(Op o) { return o == Op::kN ? CUBLAS_OP_N : CUBLAS_OP_T; }
 cublasFillMode_t fill_mode(Fill f) { return f == Fill::kLower ? CUBLAS_FILL_MODE_LOWER : CUBLAS_FILL_MODE_UPPER; }
 
@@ -27,6 +20,10 @@ class CublasLinAlg final : public LinAlg {
     // Plain fp32 arithmetic (no TF32 tensor cores): the losses must compare candidates finely.
     check(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH), "math mode");
     check(cusolverDnCreate(&solver_), "create");
+    // On the device layer's compute stream, ordered with the kernels and the copies (device.h).
+    auto* stream = static_cast<cudaStream_t>(dev_.compute_stream());
+    check(cublasSetStream(blas_, stream), "set stream");
+    check(cusolverDnSetStream(solver_, stream), "set stream");
   }
   ~CublasLinAlg() override {
     cusolverDnDestroy(solver_);
@@ -66,6 +63,14 @@ class CublasLinAlg final : public LinAlg {
   }
 
  private:
+  // A failed call names the operation that made it: "cuda: awq_losses: cuBLAS sgemm: status 13".
+  void check(cublasStatus_t s, const char* what) const {
+    if (s != CUBLAS_STATUS_SUCCESS) dev_.fail(std::string("cuBLAS ") + what + ": status " + std::to_string(int(s)));
+  }
+  void check(cusolverStatus_t s, const char* what) const {
+    if (s != CUSOLVER_STATUS_SUCCESS) dev_.fail(std::string("cuSOLVER ") + what + ": status " + std::to_string(int(s)));
+  }
+
   DeviceLayer& dev_;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;

@@ -1,6 +1,9 @@
 #include "kernels/cuda/device.h"
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
+#include <vector>
 
 namespace nibble::kernels::gpu {
 namespace {
@@ -11,15 +14,80 @@ std::string mib(uint64_t b) {
   return std::to_string((b + (1u << 19)) >> 20) + " MiB";
 }
 
+// One chunk of a 2-D copy: rows [r0, r0 + rows) of bytes [c0, c0 + width) of each. Whole rows while a
+// row fits a chunk, else pieces of one row.
+struct Piece {
+  size_t r0, rows, c0, width;
+};
+
+template <class F>
+void for_each_piece(size_t width, size_t height, size_t chunk, const F& f) {
+  if (width == 0 || height == 0) return;
+  if (width <= chunk) {
+    const size_t per = chunk / width;
+    for (size_t r0 = 0; r0 < height; r0 += per) f(Piece{r0, std::min(per, height - r0), 0, width});
+    return;
+  }
+  for (size_t r = 0; r < height; ++r)
+    for (size_t c0 = 0; c0 < width; c0 += chunk) f(Piece{r, 1, c0, std::min(chunk, width - c0)});
+}
+
+void copy_rows(uint8_t* dst, size_t dpitch, const uint8_t* src, size_t spitch, size_t width, size_t rows) {
+  if (dpitch == width && spitch == width) {
+    std::memcpy(dst, src, width * rows);
+    return;
+  }
+  for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * dpitch, src + r * spitch, width);
+}
+
 }  // namespace
+
+Prefetch::~Prefetch() {
+  // A destructor must not throw: a failed upload has surfaced at (or will surface at) a sync point.
+  try {
+    await();
+  } catch (...) {
+  }
+}
+
+Prefetch& Prefetch::operator=(Prefetch&& o) noexcept {
+  if (this != &o) {
+    try {
+      await();
+    } catch (...) {
+    }
+    dev_ = o.dev_, ticket_ = o.ticket_;
+    o.ticket_ = 0;
+  }
+  return *this;
+}
+
+void Prefetch::await() {
+  if (!ticket_) return;
+  const uint64_t t = ticket_;
+  ticket_ = 0;
+  dev_->await_prefetch(t);
+}
+
+DeviceLayer::DeviceLayer(uint64_t budget, size_t staging_chunk)
+    : budget_(budget), chunk_(std::max<size_t>(staging_chunk, 1)) {}
+
+DeviceLayer::~DeviceLayer() = default;
+
+uint64_t DeviceLayer::chunks_of(size_t width, size_t height, size_t chunk) {
+  uint64_t n = 0;
+  for_each_piece(width, height, chunk, [&](const Piece&) { ++n; });
+  return n;
+}
 
 void* DeviceLayer::allocate(size_t bytes) {
   const uint64_t c = counted(bytes);
   if (auto it = pool_.find(c); it != pool_.end()) {
-    void* p = it->second;
+    const Pooled b = it->second;
     pool_.erase(it);
     pooled_ -= c;
-    return p;  // already held: in_use_ counts it
+    wait_fence(b.fence);  // the compute stream has passed the block's release
+    return b.p;  // already held: in_use_ counts it
   }
   if (in_use_ + c > budget_) drain_pool();
   if (in_use_ + c > budget_)
@@ -39,42 +107,128 @@ void* DeviceLayer::allocate(size_t bytes) {
 
 void DeviceLayer::release(void* p, size_t bytes) {
   if (!p) return;
-  pool_.emplace(counted(bytes), p);
+  pool_.emplace(counted(bytes), Pooled{p, fence_compute()});
   pooled_ += counted(bytes);
 }
 
 void DeviceLayer::drain_pool() {
-  for (const auto& [c, p] : pool_) {
-    raw_release(p);
+  for (const auto& [c, b] : pool_) {
+    drop_fence(b.fence);
+    raw_release(b.p);  // cudaFree waits for the device: nothing reads the block any more
     in_use_ -= c;
   }
   pool_.clear();
   pooled_ = 0;
 }
 
-void DeviceLayer::to_device(void* dst, const void* src, size_t bytes) {
-  count(&OpTransfers::h2d_bytes, bytes);
-  raw_to_device(dst, src, bytes);
+uint8_t* DeviceLayer::slot_for(Lane lane, int slot) {
+  uint8_t*& b = ring_[lane][slot];
+  if (!b) b = staging_allocate(chunk_);  // once, on first use
+  return b;
 }
 
-void DeviceLayer::to_host(void* dst, const void* src, size_t bytes) {
-  count(&OpTransfers::d2h_bytes, bytes);
-  raw_to_host(dst, src, bytes);
+void DeviceLayer::release_staging() {
+  for (auto& lane : ring_)
+    for (uint8_t*& b : lane) {
+      if (b) staging_release(b);
+      b = nullptr;
+    }
 }
+
+void DeviceLayer::stage_in(Lane lane, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                           size_t height) {
+  for_each_piece(width, height, chunk_, [&](const Piece& p) {
+    const int s = next_slot_[lane];
+    next_slot_[lane] = (s + 1) % kStagingSlots;
+    slot_wait(lane, s);  // its previous DMA has read it
+    uint8_t* buf = slot_for(lane, s);
+    copy_rows(buf, p.width, static_cast<const uint8_t*>(src) + p.r0 * spitch + p.c0, spitch, p.width, p.rows);
+    slot_to_device(lane, s, static_cast<uint8_t*>(dst) + p.r0 * dpitch + p.c0, dpitch, p.width, p.rows);
+  });
+}
+
+void DeviceLayer::stage_out(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
+  std::vector<Piece> pieces;
+  for_each_piece(width, height, chunk_, [&](const Piece& p) { pieces.push_back(p); });
+  // Slot of piece j: (first + j) % kStagingSlots. Up to kStagingSlots pieces in flight.
+  const int first = next_slot_[kCopyLane];
+  const auto slot_of = [&](size_t j) { return int((size_t(first) + j) % kStagingSlots); };
+  const auto issue = [&](size_t j) {
+    const Piece& p = pieces[j];
+    slot_for(kCopyLane, slot_of(j));  // an earlier upload from it precedes on the same stream
+    slot_from_device(slot_of(j), static_cast<const uint8_t*>(src) + p.r0 * spitch + p.c0, spitch, p.width, p.rows);
+  };
+  for (size_t j = 0; j < pieces.size() && j < size_t(kStagingSlots); ++j) issue(j);
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    const Piece& p = pieces[j];
+    slot_wait(kCopyLane, slot_of(j));
+    copy_rows(static_cast<uint8_t*>(dst) + p.r0 * dpitch + p.c0, dpitch, slot_buffer(kCopyLane, slot_of(j)), p.width,
+              p.width, p.rows);
+    if (j + kStagingSlots < pieces.size()) issue(j + kStagingSlots);
+  }
+  next_slot_[kCopyLane] = slot_of(pieces.size());
+}
+
+void DeviceLayer::count_staged(uint64_t bytes, uint64_t chunks) {
+  count(&OpTransfers::staged_bytes, bytes);
+  count(&OpTransfers::staging_chunks, chunks);
+}
+
+void DeviceLayer::to_device(void* dst, const void* src, size_t bytes) { to_device_2d(dst, bytes, src, bytes, bytes, 1); }
+
+void DeviceLayer::to_host(void* dst, const void* src, size_t bytes) { to_host_2d(dst, bytes, src, bytes, bytes, 1); }
 
 void DeviceLayer::to_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                                size_t height) {
-  count(&OpTransfers::h2d_bytes, uint64_t(width) * height);
-  raw_to_device_2d(dst, dpitch, src, spitch, width, height);
+  const uint64_t n = uint64_t(width) * height;
+  count(&OpTransfers::h2d_bytes, n);
+  if (n == 0) return;
+  count_staged(n, chunks_of(width, height, chunk_));
+  copy_after_compute();  // a buffer the compute stream still reads is not overwritten under it
+  stage_in(kCopyLane, dst, dpitch, src, spitch, width, height);
+  compute_after_copy();
 }
 
 void DeviceLayer::to_host_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                              size_t height) {
-  count(&OpTransfers::d2h_bytes, uint64_t(width) * height);
-  raw_to_host_2d(dst, dpitch, src, spitch, width, height);
+  const uint64_t n = uint64_t(width) * height;
+  count(&OpTransfers::d2h_bytes, n);
+  if (n == 0) return;
+  count_staged(n, chunks_of(width, height, chunk_));
+  copy_after_compute();
+  stage_out(dst, dpitch, src, spitch, width, height);
 }
 
-void DeviceLayer::count_launch(uint64_t n) { count(&OpTransfers::launches, n); }
+Prefetch DeviceLayer::prefetch(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return {};
+  count(&OpTransfers::h2d_bytes, bytes);
+  count_staged(bytes, chunks_of(bytes, 1, chunk_));
+  count(&OpTransfers::prefetches, 1);
+  count(&OpTransfers::prefetch_bytes, bytes);
+  const uint64_t t = next_ticket_++;
+  prefetches_[t] = PrefetchRecord{bytes, ledger_.total.launches, op_ ? op_ : &ledger_.ops["(outside an operation)"]};
+  start_prefetch(t, dst, src, bytes);
+  return Prefetch(this, t);
+}
+
+void DeviceLayer::await_prefetch(uint64_t ticket) {
+  const auto it = prefetches_.find(ticket);
+  if (it == prefetches_.end()) return;
+  const PrefetchRecord r = it->second;
+  prefetches_.erase(it);
+  if (ledger_.total.launches > r.launches_at_start) {  // compute was issued while it was in flight
+    for (OpTransfers* t : {&ledger_.total, r.op}) {
+      ++t->prefetches_overlapped;
+      t->prefetch_bytes_overlapped += r.bytes;
+    }
+  }
+  compute_after_prefetch(ticket);
+}
+
+void DeviceLayer::count_launch(uint64_t n) {
+  count(&OpTransfers::launches, n);
+  on_launch();
+}
 
 void DeviceLayer::count_flops(double fp32, double fp64) {
   count(&OpTransfers::flops, uint64_t(fp32));
@@ -94,12 +248,17 @@ void DeviceLayer::count(uint64_t OpTransfers::*field, uint64_t n) {
 void DeviceLayer::begin_op(const char* op) {
   if (op_depth_++ > 0) return;
   op_ = &ledger_.ops[op];
+  op_name_ = op;
   ++op_->calls;
   ++ledger_.total.calls;
 }
 
 void DeviceLayer::end_op() {
-  if (--op_depth_ == 0) op_ = nullptr;
+  if (--op_depth_ == 0) op_ = nullptr, op_name_.clear();
 }
+
+std::string DeviceLayer::current_op() const { return op_name_.empty() ? "(outside an operation)" : op_name_; }
+
+void DeviceLayer::fail(const std::string& what) const { throw std::runtime_error(name() + ": " + current_op() + ": " + what); }
 
 }  // namespace nibble::kernels::gpu

@@ -35,14 +35,17 @@ __global__ void __launch_bounds__(kLaunchThreads, 1) for_each_index(Body body, i
   for (int64_t i = int64_t(blockIdx.x) * kLaunchThreads + threadIdx.x; i < n; i += stride) body(i);
 }
 
+// On the device layer's compute stream (device.h): asynchronous. A launch that fails to start throws here;
+// one that fails while running surfaces at the next sync point, naming the operation then running.
 template <class Body>
 void launch(DeviceLayer& dev, int64_t n, const Body& body) {
   if (n <= 0) return;
   dev.count_launch();
   const int64_t blocks = (n + kLaunchThreads - 1) / kLaunchThreads;
-  for_each_index<<<unsigned(blocks < 65535 * 32 ? blocks : 65535 * 32), kLaunchThreads>>>(body, n);
+  for_each_index<<<unsigned(blocks < 65535 * 32 ? blocks : 65535 * 32), kLaunchThreads, 0,
+                   static_cast<cudaStream_t>(dev.compute_stream())>>>(body, n);
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel launch: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess) dev.fail(std::string("kernel launch: ") + cudaGetErrorString(e));
 }
 #else
 template <class Body>

@@ -195,6 +195,26 @@ def test_ledger_rtn_moves_each_weight_once_and_packed_codes_back(nibble, model_c
     assert d4["ops"]["rtn_lsq"]["calls"] == 2 * d["ops"]["rtn_lsq"]["calls"]
 
 
+def test_ledger_rtn_prefetches_the_next_weight(nibble, ledger_model, tmp_path):
+    """rtn_dq keeps weight i + 1 on the device (Backend::keep: an upload enqueued on the prefetch stream)
+    before it quantizes weight i: every weight but the first goes up as a prefetch that the previous
+    weight's launches overlap and is read in place; each still crosses the bus once, all of it through
+    the pinned staging ring."""
+    _, src, _ = ledger_model
+    s, d = _ledger_run(nibble, src, str(tmp_path), None, "--algo", "rtn_dq")
+    r = json.load(open(str(tmp_path / "r.json")))
+    sizes = [w["bytes_in"] for w in r["weights"]]
+    ops = d["ops"]
+    assert len(sizes) > 2
+    assert d["prefetches"] == ops["keep"]["prefetches"] == len(sizes) - 1
+    assert d["prefetches_overlapped"] == d["prefetches"]
+    assert d["prefetch_bytes"] == d["prefetch_bytes_overlapped"] == sum(sizes[1:])
+    assert ops["rtn_lsq"]["h2d_bytes"] == sizes[0]  # the others are read where their prefetch put them
+    assert d["h2d_bytes"] == sum(sizes)
+    assert d["staged_bytes"] == d["h2d_bytes"] + d["d2h_bytes"]
+    assert d["staging_chunks"] >= 2 * ops["rtn_lsq"]["calls"]
+
+
 def test_ledger_awq_lite_uploads_each_weight_for_the_search_and_for_the_quantizer(nibble, ledger_model, tmp_path):
     """awq_lite: the search keeps each weight on the device for its statistic and loss (one upload), the
     Cholesky factor never comes back, W ⊙ s is quantized where it was computed. The weight still goes up
@@ -236,6 +256,8 @@ def test_ledger_sensitivity_keeps_each_gram_and_weight_once(nibble, ledger_model
     grams = ops["keep_gram"]["h2d_bytes"]
     assert ops["keep_gram"]["calls"] <= 4 * spec.layers + 1           # one per activation read by a weight
     assert grams <= (3 * H * H + I * I) * 4 * spec.layers + H * H * 4  # lm_head's input at most besides
-    assert ops["keep"]["h2d_bytes"] == w
+    # keep's uploads: the sensitivity sweep's (read at once), and the quantizer's prefetches of the next
+    # weight, which the previous weight's launches overlapped.
+    assert ops["keep"]["h2d_bytes"] - ops["keep"]["prefetch_bytes_overlapped"] == w
     assert ops["awq_losses"]["h2d_bytes"] <= ops["awq_losses"]["calls"] * 2 * I * 4
     assert d["h2d_bytes"] <= 2.1 * w + grams

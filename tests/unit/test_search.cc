@@ -216,7 +216,7 @@ TEST(Search, HqqFloatRefitNeverWorsePerBlock) {
       for (int64_t k = 0; k < 64; ++k) x[size_t(k)] = load_float(DType::kFloat16, tw.w.data, tw.w.index(g * 64 + k, n));
       const auto a = fit::hqq_block_float(x.data(), 64, 4, DType::kFloat16, DType::kFloat16, plain);
       const auto b = fit::hqq_block_float(x.data(), 64, 4, DType::kFloat16, DType::kFloat16, refit);
-      EXPECT_LE(fit::float_zero_error(x.data(), 64, b, 4, DType::kFloat16),
-                fit::float_zero_error(x.data(), 64, a, 4, DType::kFloat16));
+      EXPECT_LE(fit::float_zero_error(x.data(), 64, b, 4, int(DType::kFloat16)),
+                fit::float_zero_error(x.data(), 64, a, 4, int(DType::kFloat16)));
     }
 }

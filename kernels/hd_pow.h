@@ -1,0 +1,108 @@
+// The one float power nibble's kernels use (HQQ's shrinkage |r|^(p-1)), the same bits on every backend:
+// the CPU reference, the threaded CPU kernels, the emulated device and a GPU (NIBBLE_HD). libm's powf
+// and a GPU's powf are each accurate to about an ulp but not to the same bits, so neither is called:
+// x^y = exp(y·ln x) is computed in double with IEEE +, -, ×, ÷ only (no fused multiply-adds: the
+// kernel libraries build with -ffp-contract=off and nvcc --fmad=false, and none is written here) and
+// rounded to float once. The double is within ~1e-14 relative of x^y for |y·ln x| < 89, so the float
+// is the correctly rounded x^y except where x^y lies that close to a midpoint between two floats;
+// tests/unit/test_hd_pow.cc measures it against long double.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/half_float.h"
+
+namespace nibble {
+
+NIBBLE_HD inline double bits_f64(uint64_t u) {
+#ifdef __CUDA_ARCH__
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+#endif
+}
+
+namespace pow_detail {
+
+// ln 2 split so that k·kLn2Hi is exact for |k| < 2^11 (its last 11 mantissa bits are zero).
+constexpr double kLn2Hi = 0.6931471805598903, kLn2Lo = 5.497923018708371e-14, kInvLn2 = 1.4426950408889634;
+constexpr double kRoundMagic = 6755399441055744.0;  // 1.5·2^52: adding it leaves no fraction bits
+
+// ln m for m in [√½, √2]: 2·atanh(s), s = (m - 1)/(m + 1), |s| ≤ 0.1716. The series' terms after
+// s^23/23 are below 2^-60 of s.
+NIBBLE_HD inline double log_reduced(double m) {
+  const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+  double p = 0.043478260869565216;  // 1/23
+  p = p * s2 + 0.047619047619047616;
+  p = p * s2 + 0.05263157894736842;
+  p = p * s2 + 0.058823529411764705;
+  p = p * s2 + 0.06666666666666667;
+  p = p * s2 + 0.07692307692307693;
+  p = p * s2 + 0.09090909090909091;
+  p = p * s2 + 0.1111111111111111;
+  p = p * s2 + 0.14285714285714285;
+  p = p * s2 + 0.2;
+  p = p * s2 + 0.3333333333333333;
+  return 2.0 * s + 2.0 * s * (s2 * p);
+}
+
+// ln x of a positive finite float: x = m·2^e with m in [√½, √2).
+NIBBLE_HD inline double log_of(float x) {
+  uint32_t u = f32_bits(x);
+  int e = 0;
+  if (u < 0x00800000u) {  // subnormal: ×2^24 is exact
+    u = f32_bits(x * 16777216.0f);
+    e = -24;
+  }
+  e += int(u >> 23) - 127;
+  double m = double(bits_f32((u & 0x007fffffu) | 0x3f800000u));  // [1, 2)
+  if (m > 1.4142135623730951) m *= 0.5, e += 1;
+  const double k = double(e);
+  return k * kLn2Hi + (log_reduced(m) + k * kLn2Lo);
+}
+
+// e^t for t in [-110, 89] (outside, the float result is 0 or inf anyway): t = k·ln 2 + r, |r| ≤ ½ ln 2,
+// e^r by its Taylor polynomial to r^13/13! (the rest is below 2^-57), times 2^k.
+NIBBLE_HD inline double exp_of(double t) {
+  t = t < -110.0 ? -110.0 : (t > 89.0 ? 89.0 : t);
+  const double kd = (t * kInvLn2 + kRoundMagic) - kRoundMagic;
+  const double r = (t - kd * kLn2Hi) - kd * kLn2Lo;
+  double p = 1.6059043836821613e-10;  // 1/13!
+  p = p * r + 2.08767569878681e-09;
+  p = p * r + 2.505210838544172e-08;
+  p = p * r + 2.755731922398589e-07;
+  p = p * r + 2.7557319223985893e-06;
+  p = p * r + 2.48015873015873e-05;
+  p = p * r + 0.0001984126984126984;
+  p = p * r + 0.001388888888888889;
+  p = p * r + 0.008333333333333333;
+  p = p * r + 0.041666666666666664;
+  p = p * r + 0.16666666666666666;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return p * bits_f64(uint64_t(int64_t(kd) + 1023) << 52);
+}
+
+}  // namespace pow_detail
+
+// x^y in double, before the one rounding to float (exposed for the accuracy test). x ≥ 0: x = 0 and
+// x = inf give 0, 1 or inf by the sign of y, as pow does; a negative or NaN x, or a NaN y, gives NaN.
+NIBBLE_HD inline double pow_nonneg_double(float x, float y) {
+  if (!(x > 0.0f) || !(x < INFINITY) || y != y) {
+    if (x == 0.0f || x == INFINITY) {
+      const bool big = (x == 0.0f) == (y < 0.0f);
+      return y == 0.0f ? 1.0 : (big ? double(INFINITY) : 0.0);
+    }
+    return double(NAN);
+  }
+  return pow_detail::exp_of(double(y) * pow_detail::log_of(x));
+}
+
+// x^y rounded to float once (the function the kernels call).
+NIBBLE_HD inline float pow_nonneg(float x, float y) { return float(pow_nonneg_double(x, y)); }
+
+}  // namespace nibble

@@ -29,7 +29,7 @@ namespace pow_detail {
 
 // ln 2 split so that k·kLn2Hi is exact for |k| < 2^11 (its last 11 mantissa bits are zero).
 constexpr double kLn2Hi = 0.6931471805598903, kLn2Lo = 5.497923018708371e-14, kInvLn2 = 1.4426950408889634;
-constexpr double kRoundMagic = 6755399441055744.0;  // 1.5·2^52: adding it leaves no fraction bits
+constexpr double kRoundMagic64 = 6755399441055744.0;  // 1.5·2^52: adding it leaves no fraction bits
 
 // ln m for m in [√½, √2]: 2·atanh(s), s = (m - 1)/(m + 1), |s| ≤ 0.1716. The series' terms after
 // s^23/23 are below 2^-60 of s.
@@ -68,7 +68,7 @@ NIBBLE_HD inline double log_of(float x) {
 // e^r by its Taylor polynomial to r^13/13! (the rest is below 2^-57), times 2^k.
 NIBBLE_HD inline double exp_of(double t) {
   t = t < -110.0 ? -110.0 : (t > 89.0 ? 89.0 : t);
-  const double kd = (t * kInvLn2 + kRoundMagic) - kRoundMagic;
+  const double kd = (t * kInvLn2 + kRoundMagic64) - kRoundMagic64;
   const double r = (t - kd * kLn2Hi) - kd * kLn2Lo;
   double p = 1.6059043836821613e-10;  // 1/13!
   p = p * r + 2.08767569878681e-09;

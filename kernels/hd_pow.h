@@ -31,22 +31,17 @@ namespace pow_detail {
 constexpr double kLn2Hi = 0.6931471805598903, kLn2Lo = 5.497923018708371e-14, kInvLn2 = 1.4426950408889634;
 constexpr double kRoundMagic64 = 6755399441055744.0;  // 1.5·2^52: adding it leaves no fraction bits
 
-// ln m for m in [√½, √2]: 2·atanh(s), s = (m - 1)/(m + 1), |s| ≤ 0.1716. The series' terms after
-// s^23/23 are below 2^-60 of s.
+// ln m for m in [√½, √2]: 2·atanh(s), s = (m - 1)/(m + 1), |s| ≤ 0.1716: 2s + 2s·u·P(u), u = s², P the
+// series' coefficients 1/3 .. 1/23 (the terms after s^23/23 are below 2^-60 of s). P is evaluated by
+// Estrin's scheme (pairs, then powers u², u⁴, u⁸): a shorter dependency chain than Horner's, as accurate.
 NIBBLE_HD inline double log_reduced(double m) {
-  const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
-  double p = 0.043478260869565216;  // 1/23
-  p = p * s2 + 0.047619047619047616;
-  p = p * s2 + 0.05263157894736842;
-  p = p * s2 + 0.058823529411764705;
-  p = p * s2 + 0.06666666666666667;
-  p = p * s2 + 0.07692307692307693;
-  p = p * s2 + 0.09090909090909091;
-  p = p * s2 + 0.1111111111111111;
-  p = p * s2 + 0.14285714285714285;
-  p = p * s2 + 0.2;
-  p = p * s2 + 0.3333333333333333;
-  return 2.0 * s + 2.0 * s * (s2 * p);
+  const double s = (m - 1.0) / (m + 1.0), u = s * s, u2 = u * u, u4 = u2 * u2, u8 = u4 * u4;
+  const double q0 = 0.3333333333333333 + 0.2 * u, q1 = 0.14285714285714285 + 0.1111111111111111 * u;
+  const double q2 = 0.09090909090909091 + 0.07692307692307693 * u;
+  const double q3 = 0.06666666666666667 + 0.058823529411764705 * u;
+  const double q4 = 0.05263157894736842 + 0.047619047619047616 * u, q5 = 0.043478260869565216;
+  const double p = ((q0 + q1 * u2) + (q2 + q3 * u2) * u4) + (q4 + q5 * u2) * u8;
+  return 2.0 * s + 2.0 * s * (u * p);
 }
 
 // ln x of a positive finite float: x = m·2^e with m in [√½, √2).
@@ -65,26 +60,19 @@ NIBBLE_HD inline double log_of(float x) {
 }
 
 // e^t for t in [-110, 89] (outside, the float result is 0 or inf anyway): t = k·ln 2 + r, |r| ≤ ½ ln 2,
-// e^r by its Taylor polynomial to r^13/13! (the rest is below 2^-57), times 2^k.
+// e^r by its Taylor polynomial to r^13/13! (the rest is below 2^-57; Estrin's scheme), times 2^k.
 NIBBLE_HD inline double exp_of(double t) {
   t = t < -110.0 ? -110.0 : (t > 89.0 ? 89.0 : t);
   const double kd = (t * kInvLn2 + kRoundMagic64) - kRoundMagic64;
-  const double r = (t - kd * kLn2Hi) - kd * kLn2Lo;
-  double p = 1.6059043836821613e-10;  // 1/13!
-  p = p * r + 2.08767569878681e-09;
-  p = p * r + 2.505210838544172e-08;
-  p = p * r + 2.755731922398589e-07;
-  p = p * r + 2.7557319223985893e-06;
-  p = p * r + 2.48015873015873e-05;
-  p = p * r + 0.0001984126984126984;
-  p = p * r + 0.001388888888888889;
-  p = p * r + 0.008333333333333333;
-  p = p * r + 0.041666666666666664;
-  p = p * r + 0.16666666666666666;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  return p * bits_f64(uint64_t(int64_t(kd) + 1023) << 52);
+  const double r = (t - kd * kLn2Hi) - kd * kLn2Lo, r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+  const double p0 = 1.0 + r, p1 = 0.5 + 0.16666666666666666 * r;
+  const double p2 = 0.041666666666666664 + 0.008333333333333333 * r;
+  const double p3 = 0.001388888888888889 + 0.0001984126984126984 * r;
+  const double p4 = 2.48015873015873e-05 + 2.7557319223985893e-06 * r;
+  const double p5 = 2.755731922398589e-07 + 2.505210838544172e-08 * r;
+  const double p6 = 2.08767569878681e-09 + 1.6059043836821613e-10 * r;
+  const double w0 = (p0 + p1 * r2) + (p2 + p3 * r2) * r4, w1 = (p4 + p5 * r2) + p6 * r4;
+  return (w0 + w1 * r8) * bits_f64(uint64_t(int64_t(kd) + 1023) << 52);
 }
 
 }  // namespace pow_detail

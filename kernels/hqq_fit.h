@@ -23,6 +23,23 @@ NIBBLE_HD inline float copysign(float mag, float sign) {
 }
 }  // namespace hqq_detail
 
+// The shrinkage of HQQ's proximal step, max(|r| - c·(|r| + 1e-8)^p1, 0) with c = 1/β, in float.
+NIBBLE_HD inline float hqq_shrink(float ar, float c, float p1) {
+  return hd::max(ar - c * pow_nonneg(ar + 1e-8f, p1), 0.0f);
+}
+
+// A float A such that hqq_shrink(a, c, p1) is +0 for every a in [0, A] (-1 when none is found). The
+// power falls as a grows when p1 < 0 (the double behind pow_nonneg is within 4e-15 of x^p1, far closer
+// than adjacent floats' powers differ once |p1| ≥ 1/64, and every rounding after it is monotone), so
+// c·(a + 1e-8)^p1 ≥ c·(A + 1e-8)^p1 ≥ A ≥ a: checking A itself, with the very expression of the
+// shrinkage, proves the rest. Below A the power need not be computed: HQQ's residuals mostly lie there
+// (c·a^p1 = a at a ≈ 0.17 for β = 10, p = 0.7; a block's residuals are about its scale).
+NIBBLE_HD inline float hqq_no_shrink_below(float c, float p1) {
+  if (!(p1 <= -0.015625f)) return -1.0f;
+  const float a = 0.99f * pow_nonneg(c, 1.0f / (1.0f - p1));  // c·a^p1 = a, less 1%
+  return a < INFINITY && hqq_shrink(a, c, p1) == 0.0f ? a : -1.0f;
+}
+
 // Half-quadratic quantization (Badri & Shaji 2023; the proximal iterations of mobiusml's
 // optimize_weights_proximal as ONNX Runtime's HQQ quantizer runs them, float32): with the inverse scale
 // fixed at is = (2^b - 1) / (max - min), the zero point z alternates with the sparse error e of an lp
@@ -42,12 +59,13 @@ NIBBLE_HD float hqq_zero(const X& x, int64_t n, float mn, float mx, int bits, co
   float best = 1e4f, zbest = z;
   for (int it = 0; it < o.iters; ++it) {
     double zsum = 0, esum = 0;
+    const float c = 1.0f / beta, none_below = hqq_no_shrink_below(c, p1);
     for (int64_t k = 0; k < n; ++k) {
       const float v = x[k];
       const float q = hd::clamp(hd::rint(v * is + z), 0.0f, maxq);
       const float r = v - (q - z) / is;
       const float ar = hd::fabs(r);
-      const float shrunk = hd::max(ar - (1.0f / beta) * pow_nonneg(ar + 1e-8f, p1), 0.0f);
+      const float shrunk = ar <= none_below ? 0.0f : hqq_shrink(ar, c, p1);
       const float e = hqq_detail::copysign(shrunk, r);
       zsum += double(q - (v - e) * is);
       esum += double(ar);

@@ -32,8 +32,9 @@ NIBBLE_HD inline float hqq_shrink(float ar, float c, float p1) {
 // power falls as a grows when p1 < 0 (the double behind pow_nonneg is within 4e-15 of x^p1, far closer
 // than adjacent floats' powers differ once |p1| ≥ 1/64, and every rounding after it is monotone), so
 // c·(a + 1e-8)^p1 ≥ c·(A + 1e-8)^p1 ≥ A ≥ a: checking A itself, with the very expression of the
-// shrinkage, proves the rest. Below A the power need not be computed: HQQ's residuals mostly lie there
-// (c·a^p1 = a at a ≈ 0.17 for β = 10, p = 0.7; a block's residuals are about its scale).
+// shrinkage, proves the rest. Below A the power need not be computed, and HQQ's residuals nearly all lie
+// there (c·a^p1 = a at a ≈ 0.17 for β = 10, p = 0.7, and a residual is about its block's scale: on
+// SmolLM2-135M's 4-bit blocks of 128, 1 in 90 000 is above).
 NIBBLE_HD inline float hqq_no_shrink_below(float c, float p1) {
   if (!(p1 <= -0.015625f)) return -1.0f;
   const float a = 0.99f * pow_nonneg(c, 1.0f / (1.0f - p1));  // c·a^p1 = a, less 1%

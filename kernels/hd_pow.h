@@ -3,9 +3,12 @@
 // and a GPU's powf are each accurate to about an ulp but not to the same bits, so neither is called:
 // x^y = exp(y·ln x) is computed in double with IEEE +, -, ×, ÷ only (no fused multiply-adds: the
 // kernel libraries build with -ffp-contract=off and nvcc --fmad=false, and none is written here) and
-// rounded to float once. The double is within ~1e-14 relative of x^y for |y·ln x| < 89, so the float
-// is the correctly rounded x^y except where x^y lies that close to a midpoint between two floats;
-// tests/unit/test_hd_pow.cc measures it against long double.
+// rounded to float once. The double is within a few 1e-15 relative of x^y, so the float is the
+// correctly rounded x^y except where x^y lies that close to a midpoint between two floats. Measured
+// against long double (tests/unit/test_hd_pow.cc): within 3.5e-15 on 5.5 M points (x in [1e-9, 1e4],
+// y from -0.1 to -0.9), correctly rounded at all of them; over all 307 M floats x in [1e-8, 1e3) with
+// y = -0.3 (HQQ's), at all but one (a near-tie, 0.50000001 ulp off). glibc's powf differs from it at
+// 0.063% of those points: it is not correctly rounded.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -191,7 +191,8 @@ void CudaBackend::hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOpt
   if (!spec.zero_point) throw std::invalid_argument("hqq: needs zero points (spec.zero_point)");
   // Per element and iteration: ~20 float flops. Per block and iteration: two powers in double (hd_pow.h,
   // ~60 operations each) for the threshold below which the shrinkage needs none (hqq_fit.h); the
-  // elements above it (SmolLM2: 1 in 90 000) are not counted. All iterations are counted (a block may stop sooner).
+  // elements above it (SmolLM2: 1 in 90 000) are not counted. All iterations are counted (a block may
+  // stop sooner).
   const double it = double(opt.iters), el = double(w.rows * w.cols);
   dev_->count_flops(20.0 * it * el, 120.0 * it * double(num_blocks(w.K(), spec.block) * w.N()));
   const BlockShape shape = shape_of(spec, w.dtype);
@@ -220,11 +221,12 @@ void CudaBackend::hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOpt
           launch(*dev_, int64_t(q.scales.size()), NarrowScalesBody{z.get(), st, z16.get()});
         }
         const void* src = narrow ? static_cast<const void*>(z16.get()) : static_cast<const void*>(z.get());
-        auto* dst = narrow ? reinterpret_cast<uint8_t*>(z16_host.data()) : reinterpret_cast<uint8_t*>(out.zero_points_float.data());
+        auto* dst = narrow ? reinterpret_cast<uint8_t*>(z16_host.data())
+                           : reinterpret_cast<uint8_t*>(out.zero_points_float.data());
+        const size_t row = size_t(p.width) * zsz;
         dev_->synchronize();
         if (w.k_axis == 0)  // [G, N]: the panel's columns of every row
-          dev_->to_host_2d(dst + size_t(p.n0) * zsz, size_t(N) * zsz, src, size_t(p.width) * zsz, size_t(p.width) * zsz,
-                           size_t(G));
+          dev_->to_host_2d(dst + size_t(p.n0) * zsz, size_t(N) * zsz, src, row, row, size_t(G));
         else  // [N, G]: the panel's rows
           dev_->to_host(dst + size_t(p.n0 * G) * zsz, src, size_t(p.width * G) * zsz);
       },

@@ -49,7 +49,8 @@ NIBBLE_HD inline float hqq_no_shrink_below(float c, float p1) {
 // rint(-mn·is). Returns the last update of z (ONNX Runtime's, computed from the iteration that did not
 // improve), or with keep_best the z of the smallest mean |x - Ŵ| seen; sets *is_out. The power
 // |r|^(p-1) is nibble's own (hd_pow.h), not libm's powf: it is the correctly rounded value but on rare
-// near-ties, where powf may differ by an ulp.
+// near-ties, where powf may differ by an ulp. It is computed only above hqq_no_shrink_below's threshold,
+// where the shrinkage can be non-zero (the same values, far fewer powers).
 template <class X>
 NIBBLE_HD float hqq_zero(const X& x, int64_t n, float mn, float mx, int bits, const HqqOptions& o, bool keep_best,
                          float* is_out) {

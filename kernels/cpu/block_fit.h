@@ -1,6 +1,7 @@
 // The per-block bodies of the calibration-free searches (rtn_lsq, hqq): one block's values in, its
-// scale and zero point out. Shared by the scalar references (search_ref.cc), the threaded CPU kernels
-// (search_fast.cc) and, through the host, the CUDA backend, so that all give the same bits.
+// scale and zero point out. Shared by the scalar references (search_ref.cc) and the threaded CPU kernels
+// (search_fast.cc), so that both give the same bits; HQQ's fit itself is kernels/hqq_fit.h, which the
+// CUDA backend's kernel calls too.
 //
 // Whatever a search does inside, the codes are always RTN's with the chosen (scale, zero point):
 // clamp(rint(w / s) + z), the arithmetic of quantize_value and of ONNX QuantizeLinear, so qdq's
@@ -14,6 +15,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/rtn_ref.h"
+#include "kernels/hqq_fit.h"
 
 namespace nibble::kernels::fit {
 
@@ -196,145 +198,17 @@ inline BlockParams lsq_block(const float* x, int64_t n, bool zero_point, int bit
   return zero_point ? lsq_zero_point(x, n, bits, t, st, o) : lsq_symmetric(x, n, bits, t, st, o);
 }
 
-// Half-quadratic quantization (Badri & Shaji 2023; the proximal iterations of mobiusml's
-// optimize_weights_proximal as ONNX Runtime's HQQ quantizer runs them, float32): with the inverse scale
-// fixed at is = (2^b - 1) / (max - min), the zero point z alternates with the sparse error e of an lp
-// (p < 1) norm: W_q = clamp(rint(x·is + z)), e = shrink_p(x - W_q/is + z/is), z = mean(W_q - (x - e)·is),
-// β *= κ, stopping when the mean |x - Ŵ| stops falling. [mn, mx] is the block's range; z starts at
-// rint(-mn·is). Returns the last update of z (ONNX Runtime's, computed from the iteration that did not
-// improve), or with keep_best the z of the smallest mean |x - Ŵ| seen; sets *is_out.
-inline float hqq_zero(const float* x, int64_t n, float mn, float mx, int bits, const HqqOptions& o, bool keep_best,
-                      float* is_out) {
-  const float maxq = float((1 << bits) - 1);
-  const float is = std::min(maxq / (mx > mn ? mx - mn : maxq), 2e4f);
-  float z = std::nearbyint(-mn * is), beta = o.beta;
-  float best = 1e4f, zbest = z;
-  for (int it = 0; it < o.iters; ++it) {
-    double zsum = 0, esum = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      const float q = std::clamp(std::nearbyint(x[k] * is + z), 0.0f, maxq);
-      const float r = x[k] - (q - z) / is;
-      const float ar = std::fabs(r);
-      const float shrunk = std::max(ar - (1.0f / beta) * std::pow(ar + 1e-8f, o.lp_norm - 1.0f), 0.0f);
-      const float e = std::copysign(shrunk, r);
-      zsum += double(q - (x[k] - e) * is);
-      esum += double(ar);
-    }
-    const float znew = float(zsum / double(n));
-    beta *= o.kappa;
-    const float err = float(esum / double(n));
-    if (err < best) {
-      best = err, zbest = z, z = znew;
-    } else {
-      z = znew;
-      break;
-    }
-  }
-  if (keep_best) z = zbest;
-  *is_out = is;
-  return z;
-}
-
-// HQQ with an integer zero point (what ONNX DequantizeLinear needs): the range includes 0 so that
-// rint(z) stays on the grid, z is rounded and clamped, the scale 1/is rounded to the scale type;
-// refit_scale then re-fits the scale by least squares on the final codes and keeps it when the block's
-// squared error falls.
+// HQQ (kernels/hqq_fit.h, the one source the CUDA backend runs too) on a gathered block, in the CPU's
+// parameter types.
 inline BlockParams hqq_block(const float* x, int64_t n, int bits, DType t, DType st, const HqqOptions& o) {
-  const float maxq = float((1 << bits) - 1);
-  float mn = 0, mx = 0;
-  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
-  if (!(mx > mn) || !std::isfinite(mx - mn)) return block_params_zero_point(mn, mx, bits, st);
-  float is = 0;
-  const float z = hqq_zero(x, n, mn, mx, bits, o, false, &is);
-  BlockParams p;
-  p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
-  p.zero_point = uint8_t(std::clamp(std::nearbyint(z), 0.0f, maxq));
-  if (!o.refit_scale) return p;
-  double sxl = 0, sll = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    const double l = double(quantize_value(x[k], p, bits, true, t)) - double(p.zero_point);
-    sxl += double(x[k]) * l, sll += l * l;
-  }
-  if (!(sll > 0)) return p;
-  BlockParams r = p;
-  r.scale = round_to(st, float(sxl / sll));
-  if (!(r.scale >= min_scale(st))) return p;
-  const double rms = 0;
-  return block_error(x, n, r, bits, true, t, FitWeight::kUniform, rms) <
-                 block_error(x, n, p, bits, true, t, FitWeight::kUniform, rms)
-             ? r
-             : p;
+  const hd::Params p = hqq_int_zero(x, n, bits, int(t), int(st), o);
+  BlockParams b;
+  b.scale = p.scale;
+  b.zero_point = p.zero_point;
+  return b;
 }
-
-// A block with a fractional zero point (com.microsoft.MatMulNBits' float zero points): ŵ = (q - z)·s.
-struct FloatZeroParams {
-  float scale = 1.0f;
-  float zero = 0.0f;
-};
-
-// The nearest code to x under p: clamp(rint(x / s + z)), in float32 (no QuantizeLinear re-derives it).
-inline uint8_t quantize_float_zero(float x, const FloatZeroParams& p, int bits) {
-  return uint8_t(std::clamp(std::nearbyint(x / p.scale + p.zero), 0.0f, float((1 << bits) - 1)));
-}
-
-inline float dequantize_float_zero(uint8_t code, const FloatZeroParams& p) { return (float(code) - p.zero) * p.scale; }
-
-inline double float_zero_error(const float* x, int64_t n, const FloatZeroParams& p, int bits, DType t) {
-  double e = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    const double d = double(x[k]) - double(round_to(t, dequantize_float_zero(quantize_float_zero(x[k], p, bits), p)));
-    e += d * d;
-  }
-  return e;
-}
-
-// Least squares x ≈ s·q + c on the codes of p (then z = -c / s), both rounded to the scale type; p when
-// the fit is degenerate or does not lower the block's squared error.
-inline FloatZeroParams refit_float_zero(const float* x, int64_t n, const FloatZeroParams& p, int bits, DType t,
-                                        DType st) {
-  double sq = 0, sqq = 0, sx = 0, sxq = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    const double q = double(quantize_float_zero(x[k], p, bits));
-    sq += q, sqq += q * q, sx += double(x[k]), sxq += double(x[k]) * q;
-  }
-  const double D = double(n) * sqq - sq * sq;
-  if (!(D > 0)) return p;
-  const double s = (double(n) * sxq - sq * sx) / D, c = (sx - s * sq) / double(n);
-  FloatZeroParams r;
-  r.scale = round_to(st, float(s));
-  if (!(r.scale >= min_scale(st))) return p;
-  r.zero = round_to(st, float(-c / double(r.scale)));
-  if (!std::isfinite(r.zero)) return p;
-  return float_zero_error(x, n, r, bits, t) < float_zero_error(x, n, p, bits, t) ? r : p;
-}
-
-// HQQ with the fractional zero point kept, as ONNX Runtime's HQQ writes it: the block's own [min, max]
-// (0 need not be on the grid), s = 1/is and z rounded to the scale type (the type MatMulNBits stores
-// them in), so the codes computed from them are what MatMulNBits dequantizes. Unlike ONNX Runtime, z is
-// the best iterate, not the one after it (SmolLM2-135M: KL 0.339 against 0.341 fp32, 0.342 against
-// 0.348 fp16). refit_scale refits s and z jointly by least squares on the final codes, kept when the
-// block's squared error falls (lower weight error, but a worse perplexity there: off by default).
 inline FloatZeroParams hqq_block_float(const float* x, int64_t n, int bits, DType t, DType st, const HqqOptions& o) {
-  float mn = n ? x[0] : 0.0f, mx = mn;
-  for (int64_t k = 0; k < n; ++k) mn = std::min(mn, x[k]), mx = std::max(mx, x[k]);
-  FloatZeroParams p;
-  if (!std::isfinite(mx - mn)) {
-    p.scale = mx - mn;  // NaN/Inf in the weight: the caller reports it
-    return p;
-  }
-  // Min/max RTN over [min(mn, 0), max(mx, 0)] (0 on the grid, an integer zero point): for a constant block,
-  // where it puts the value on a level, and for a z past the float type's range (a narrow block far from 0).
-  const auto min_max = [&] {
-    const BlockParams b = block_params_zero_point(std::min(mn, 0.0f), std::max(mx, 0.0f), bits, st);
-    return FloatZeroParams{b.scale, float(b.zero_point)};
-  };
-  if (!(mx > mn)) return min_max();
-  float is = 0;
-  const float z = hqq_zero(x, n, mn, mx, bits, o, true, &is);
-  p.scale = std::max(round_to(st, 1.0f / is), min_scale(st));
-  p.zero = round_to(st, z);
-  if (!std::isfinite(p.zero)) return min_max();
-  return o.refit_scale ? refit_float_zero(x, n, p, bits, t, st) : p;
+  return hqq_float_zero(x, n, bits, int(t), int(st), o);
 }
 
 // Calls drive(fit) with the block fit `o` selects: hqq_block (integer zero points, BlockParams) or
@@ -363,7 +237,7 @@ inline void store_params(QuantResult& out, size_t i, const BlockParams& p, bool 
 inline void store_params(QuantResult& out, size_t i, const FloatZeroParams& p, bool, int bits) {
   out.scales[i] = p.scale;
   out.zero_points_float[i] = p.zero;
-  out.zero_points[i] = uint8_t(std::clamp(std::nearbyint(p.zero), 0.0f, float((1 << bits) - 1)));
+  out.zero_points[i] = nearest_zero_code(p.zero, bits);
 }
 // Sizes the result's parameter arrays for G x N blocks of parameters P.
 template <class P>

@@ -12,8 +12,8 @@ constexpr int64_t kChannelsPerPanel = 32;
 
 // Panels of output channels in parallel; within a panel, each block row is gathered for all its
 // channels at once (one pass over contiguous rows of a [K, N] weight), then fitted channel by channel.
-// The error is summed per panel in channel-then-block order and the panels in order, so the total
-// does not depend on the thread count.
+// The error is summed per block, each channel over its blocks and the channels in order (the reference's
+// and the CUDA backend's order), so the total does not depend on the thread count.
 template <class Fit>
 void each_block_parallel(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out, const Fit& fit) {
   check_spec(spec);
@@ -50,8 +50,12 @@ void each_block_parallel(const WeightMatrix& w, const QuantSpec& spec, QuantResu
     }
   });
   out.sq_error = 0;
-  for (const auto& e : err)
-    for (double v : e) out.sq_error += v;
+  for (int64_t n = 0; n < N; ++n) {
+    const double* e = err[size_t(n / kChannelsPerPanel)].data() + (n % kChannelsPerPanel) * G;
+    double column = 0;
+    for (int64_t g = 0; g < G; ++g) column += e[g];
+    out.sq_error += column;
+  }
 }
 
 }  // namespace

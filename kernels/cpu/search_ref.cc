@@ -20,19 +20,25 @@ void each_block(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out, 
   fit::size_params<Params>(out, G * N, zp);
   out.sq_error = 0;
   std::vector<float> v(static_cast<size_t>(bs));
-  for (int64_t n = 0; n < N; ++n)
+  // The error summed per block, each column over its blocks, the columns in order: the CUDA backend's order.
+  for (int64_t n = 0; n < N; ++n) {
+    double column = 0;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t k0 = g * bs, len = std::min(K, k0 + bs) - k0;
       for (int64_t k = 0; k < len; ++k) v[size_t(k)] = load_float(w.dtype, w.data, w.index(k0 + k, n));
       const Params p = fit(v.data(), len);
       fit::store_params(out, w.param_index(G, g, n), p, zp, spec.bits);
+      double block = 0;
       for (int64_t k = 0; k < len; ++k) {
         const uint8_t c = fit::code_of(v[size_t(k)], p, spec.bits, zp, w.dtype);
         out.codes[w.index(k0 + k, n)] = c;
         const double d = double(v[size_t(k)]) - double(round_to(w.dtype, fit::value_of(c, p, spec.bits, zp)));
-        out.sq_error += d * d;
+        block += d * d;
       }
+      column += block;
     }
+    out.sq_error += column;
+  }
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 //
 // On the host, through `host_` (the threaded CPU backend), each entered in the transfer ledger as a
 // host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits),
-// gptq_factor, gptq_quantize and hqq (its powf must be libm's): no device versions yet.
+// gptq_factor and gptq_quantize: no device versions yet.
 #pragma once
 #include <memory>
 #include <string>
@@ -78,13 +78,7 @@ class CudaBackend final : public Backend {
                     const std::vector<float>& ratios, QuantResult& out) override;
   void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
   void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override;
-  void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
-    on_host("hqq", [&](Backend& h) {
-      std::vector<uint8_t> b;
-      dev_->count_flops(double(opt.iters) * 20.0 * double(w.rows * w.cols));  // ~20 flops an element an iteration
-      return h.hqq(host_weight(w, b), spec, opt, out);
-    });
-  }
+  void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override;
   std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;

@@ -7,6 +7,7 @@
 #include "kernels/cuda/awq_kernels.h"
 #include "kernels/cuda/backend_impl.h"
 #include "kernels/cuda/clip_kernels.h"
+#include "kernels/cuda/hqq_kernels.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/pack_kernels.h"
 #include "kernels/parallel.h"
@@ -183,6 +184,58 @@ void CudaBackend::rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const Rt
     launch(*dev_, int64_t(q.scales.size()),
            RtnLsqBody{p.view, shape_of(spec, w.dtype), q.out(), int(opt.weight), opt.steps});
   });
+}
+
+void CudaBackend::hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) {
+  const OpScope op(*dev_, "hqq");
+  if (!spec.zero_point) throw std::invalid_argument("hqq: needs zero points (spec.zero_point)");
+  // Per element and iteration: ~20 float flops. Per block and iteration: two powers in double (hd_pow.h,
+  // ~60 operations each) for the threshold below which the shrinkage needs none (hqq_fit.h); the
+  // elements above it (SmolLM2: 1 in 90 000) are not counted. All iterations are counted (a block may
+  // stop sooner).
+  const double it = double(opt.iters), el = double(w.rows * w.cols);
+  dev_->count_flops(20.0 * it * el, 120.0 * it * double(num_blocks(w.K(), spec.block) * w.N()));
+  const BlockShape shape = shape_of(spec, w.dtype);
+  if (!opt.float_zero_point) {
+    quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
+      launch(*dev_, int64_t(q.scales.size()), HqqBody{p.view, shape, q.out(), opt});
+    });
+    return;
+  }
+  // Fractional zero points: one more array per panel, laid out as the scales and rounded to the scale
+  // type, so that a 16-bit type's come back in it (exact), as the scales do.
+  const int64_t G = num_blocks(w.K(), spec.block), N = w.N();
+  const int st = shape.scale_dtype;
+  const bool narrow = st == hd::kF16 || st == hd::kBF16;
+  out.zero_points_float.assign(narrow ? 0 : size_t(G * N), 0.0f);
+  std::vector<uint16_t> z16_host(narrow ? size_t(G * N) : 0);
+  const size_t zsz = narrow ? 2 : 4;
+  quantize_panels(
+      w, spec, 0, out,
+      [&](Panel& p, DeviceQuant& q) {
+        DeviceBuffer<float> z(*dev_, q.scales.size());
+        launch(*dev_, int64_t(q.scales.size()), HqqFloatZeroBody{p.view, shape, q.out(), z.get(), opt});
+        DeviceBuffer<uint16_t> z16;
+        if (narrow) {
+          z16 = DeviceBuffer<uint16_t>(*dev_, q.scales.size());
+          launch(*dev_, int64_t(q.scales.size()), NarrowScalesBody{z.get(), st, z16.get()});
+        }
+        const void* src = narrow ? static_cast<const void*>(z16.get()) : static_cast<const void*>(z.get());
+        auto* dst = narrow ? reinterpret_cast<uint8_t*>(z16_host.data())
+                           : reinterpret_cast<uint8_t*>(out.zero_points_float.data());
+        const size_t row = size_t(p.width) * zsz;
+        dev_->synchronize();
+        if (w.k_axis == 0)  // [G, N]: the panel's columns of every row
+          dev_->to_host_2d(dst + size_t(p.n0) * zsz, size_t(N) * zsz, src, row, row, size_t(G));
+        else  // [N, G]: the panel's rows
+          dev_->to_host(dst + size_t(p.n0 * G) * zsz, src, size_t(p.width * G) * zsz);
+      },
+      uint64_t(G) * (4 + 2));
+  if (narrow) {
+    out.zero_points_float.resize(z16_host.size());
+    for (size_t i = 0; i < z16_host.size(); ++i)
+      out.zero_points_float[i] = st == hd::kF16 ? hd::half_to_float(z16_host[i]) : hd::bf16_to_float(z16_host[i]);
+  }
 }
 
 void CudaBackend::rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* cw,

@@ -20,8 +20,9 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
       rounded values; the weight is (codes - z) · s
 
 The candidates' fits and ranks are summed as nibble sums them (float32 lanes, see _lane_sum); the other
-sums are numpy's (pairwise), nibble's sequential in float64, and numpy's float32 power is not libm's
-powf: a near-tie may go the other way in a rare block, which the test bounds.
+sums are numpy's (pairwise), nibble's sequential in float64, and nibble's power is its own
+(kernels/hd_pow.h: computed in double and rounded to float once, the same bits on the CPU and on a GPU),
+not numpy's float32 power: a near-tie may go the other way in a rare block, which the test bounds.
 """
 from __future__ import annotations
 

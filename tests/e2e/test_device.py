@@ -72,7 +72,8 @@ def _quantize_pair(nibble, src, root, *flags):
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("flags", [("--algo", "rtn_dq"), ("--algo", "rtn_dq", "--use_zero_point"),
-                                   ("--algo", "rtn", "--format", "matmulnbits")])
+                                   ("--algo", "rtn", "--format", "matmulnbits"), ("--algo", "hqq"),
+                                   ("--algo", "hqq", "--format", "matmulnbits")])
 def test_emulated_device_writes_the_cpu_model(nibble, model_cache, tmp_path, dtype, flags):
     _, src = model_cache.llama(dtype=dtype)
     cpu, emu, report = _quantize_pair(nibble, src, str(tmp_path), *flags, "--block_size", "32")
@@ -82,6 +83,9 @@ def test_emulated_device_writes_the_cpu_model(nibble, model_cache, tmp_path, dty
     s = report["summary"]
     assert s["device_memory_budget_bytes"] == 1 << 30
     assert 0 < s["peak_device_memory_bytes"] <= s["device_memory_budget_bytes"]
+    if "hqq" in flags:  # HQQ runs on the device (integer zero points in dq, float ones in MatMulNBits)
+        assert s["device"]["ops"]["hqq"]["calls"] > 0 and not s["device"]["ops"]["hqq"]["host_fallback"]
+        assert "hqq" not in s["device"]["on_host"]
 
 
 # ModelOpt mode's own device operations: the clip search on the token sample (awq_clip, awq_full) and the

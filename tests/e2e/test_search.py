@@ -106,7 +106,7 @@ def test_codes_and_scales_match_numpy_reference(nibble, model, algo, flags):
         if zp:
             same &= z.T.reshape(-1) == rz
         # Near-ties may fall the other way (numpy's pairwise sums and float32 power against nibble's
-        # sequential float64 sums and libm's powf): at most 1 block in 1000 differs.
+        # sequential float64 sums and its own power, kernels/hd_pow.h): at most 1 block in 1000 differs.
         assert same.mean() >= 0.999, (algo, flags, i, int((~same).sum()), same.size)
         if algo == "rtn_dq" and not zp:
             assert (got_c >= -8).all() and (got_c == -8).any()  # the 16th level is used
@@ -220,7 +220,7 @@ def test_hqq_matmulnbits_float_zero_points(nibble, model, model16, dtype):
         assert (z32 != np.rint(z32)).mean() > 0.5
         rs, rz, rc = sr.hqq_float(sr.blocks_of(w.astype(np.float32), BS), m["dtype"])
         same = (s32 == rs) & (z32 == rz) & (codes == rc).all(axis=1)
-        # Near-ties (numpy's pairwise sums and float32 power against sequential float64 sums and libm's powf).
+        # Near-ties (numpy's pairwise sums and float32 power against sequential float64 sums and hd_pow.h).
         assert same.mean() >= 0.999, (dtype, i, int((~same).sum()), same.size)
         deq = ((codes.astype(np.float32) - z32[:, None]) * s32[:, None]).reshape(N, K).T   # [K, N]
         x = m["feeds"][f"x{i}"].astype(np.float32)

@@ -216,7 +216,26 @@ TEST(Search, HqqFloatRefitNeverWorsePerBlock) {
       for (int64_t k = 0; k < 64; ++k) x[size_t(k)] = load_float(DType::kFloat16, tw.w.data, tw.w.index(g * 64 + k, n));
       const auto a = fit::hqq_block_float(x.data(), 64, 4, DType::kFloat16, DType::kFloat16, plain);
       const auto b = fit::hqq_block_float(x.data(), 64, 4, DType::kFloat16, DType::kFloat16, refit);
-      EXPECT_LE(fit::float_zero_error(x.data(), 64, b, 4, DType::kFloat16),
-                fit::float_zero_error(x.data(), 64, a, 4, DType::kFloat16));
+      EXPECT_LE(fit::float_zero_error(x.data(), 64, b, 4, int(DType::kFloat16)),
+                fit::float_zero_error(x.data(), 64, a, 4, int(DType::kFloat16)));
     }
+}
+
+// HQQ skips the power where the shrinkage is provably 0: below the threshold every float gives 0 when
+// computed, the threshold lies within 2% of where the shrinkage starts, and none is claimed for p near 1.
+TEST(Search, HqqShrinkageIsZeroBelowItsThreshold) {
+  for (float beta : {10.0f, 12.0f, 1.0f, 100.0f, 1e4f})
+    for (float p : {0.7f, 0.5f, 0.9f, 0.3f}) {
+      const float c = 1.0f / beta, p1 = p - 1.0f;
+      const float a = fit::hqq_no_shrink_below(c, p1);
+      ASSERT_GT(a, 0.0f) << beta << " " << p;
+      EXPECT_GT(fit::hqq_shrink(a * 1.03f, c, p1), 0.0f) << beta << " " << p;
+      long checked = 0;
+      const uint32_t top = f32_bits(a);
+      for (uint32_t u = 0; u <= top; u += (u + 4096 > top ? 1 : 997), ++checked)  // the last 4096 floats all
+        ASSERT_EQ(fit::hqq_shrink(bits_f32(u), c, p1), 0.0f) << beta << " " << p << " " << bits_f32(u);
+      EXPECT_GT(checked, 900000);
+    }
+  EXPECT_EQ(fit::hqq_no_shrink_below(0.1f, -0.01f), -1.0f);
+  EXPECT_EQ(fit::hqq_no_shrink_below(0.1f, 0.5f), -1.0f);
 }

@@ -105,8 +105,8 @@ TEST(TransferLedger, KeptWeightIsUploadedOnce) {
   EXPECT_FALSE(small->keep(w.m).resident);
 }
 
-// AWQ's W ⊙ s stays on the device for the quantizer: the fp32 weight never crosses the bus, and an
-// operation on the host (hqq) brings it back only for itself.
+// AWQ's W ⊙ s stays on the device for the quantizer: the fp32 weight never crosses the bus, whichever
+// operation reads it (rtn_weighted, hqq).
 TEST(TransferLedger, ScaledWeightStaysOnTheDevice) {
   const Fp16Weight w;
   std::vector<float> s(static_cast<size_t>(K)), energy(static_cast<size_t>(K));
@@ -132,8 +132,10 @@ TEST(TransferLedger, ScaledWeightStaysOnTheDevice) {
   gpu->hqq(gs, QuantSpec{4, kBlock, true}, HqqOptions{}, h1);
   cpu->hqq(cs, QuantSpec{4, kBlock, true}, HqqOptions{}, h2);
   expect_same(h1, h2);
-  EXPECT_TRUE(op(*gpu, "hqq").host_fallback);
-  EXPECT_EQ(op(*gpu, "hqq").d2h_bytes, uint64_t(K * N) * 4);
+  EXPECT_FALSE(op(*gpu, "hqq").host_fallback);
+  EXPECT_EQ(op(*gpu, "hqq").h2d_bytes, 0u);
+  // Packed codes, fp32 scales, zero points and the error sum.
+  EXPECT_EQ(op(*gpu, "hqq").d2h_bytes, uint64_t(K * N / 2 + G * N * (4 + 1) + 8));
 }
 
 // The Cholesky factor kept on the device gives the AWQ loss of the host factor, without its upload.

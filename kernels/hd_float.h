@@ -1,0 +1,86 @@
+// The scalar arithmetic every CUDA kernel body shares, callable from host and device (NIBBLE_HD):
+// fp16/bf16 rounding (kernels/half_float.h), round-half-even and ModelOpt's block formulas, written to
+// give exactly the bits of the CPU reference (kernels/cpu/rtn_ref.h). Here, beside the interface, so that
+// code both backends run (kernels/hqq_fit.h) can use it. nvcc builds it with --fmad=false and
+// g++ with -ffp-contract=off, so no product is fused into an add on either side.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/half_float.h"
+
+namespace nibble::kernels::hd {
+
+// Element types, as DType's numbers (kernels/dtype.h); plain ints so device code needs no host header.
+constexpr int kF32 = 1, kF16 = 10, kBF16 = 16;
+
+// The conversions are the ones every backend shares (kernels/half_float.h).
+using ::nibble::bf16_to_float;
+using ::nibble::bits_f32;
+using ::nibble::f32_bits;
+using ::nibble::float_to_bf16;
+using ::nibble::float_to_half;
+using ::nibble::half_to_float;
+
+// Round half to even in the current (default, to nearest) mode, as std::nearbyint.
+NIBBLE_HD inline float rint(float x) {
+#ifdef __CUDA_ARCH__
+  return rintf(x);
+#else
+  return std::nearbyint(x);
+#endif
+}
+NIBBLE_HD inline float fabs(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }
+NIBBLE_HD inline bool isnan(float x) { return x != x; }
+// std::min / std::max / std::clamp exactly (which argument wins on ties and NaN matters for bits).
+NIBBLE_HD inline float min(float a, float b) { return b < a ? b : a; }
+NIBBLE_HD inline float max(float a, float b) { return a < b ? b : a; }
+NIBBLE_HD inline float clamp(float v, float lo, float hi) { return v < lo ? lo : (hi < v ? hi : v); }
+
+NIBBLE_HD inline float round_to(int t, float f) {
+  if (t == kF16) return ::nibble::round_to_half(f);
+  if (t == kBF16) return ::nibble::round_to_bf16(f);
+  return f;
+}
+NIBBLE_HD inline float load(int t, const void* p, int64_t i) {
+  if (t == kF32) return static_cast<const float*>(p)[i];
+  const uint16_t v = static_cast<const uint16_t*>(p)[i];
+  return t == kF16 ? half_to_float(v) : bf16_to_float(v);
+}
+NIBBLE_HD inline void store(int t, void* p, int64_t i, float f) {
+  if (t == kF32) static_cast<float*>(p)[i] = f;
+  else static_cast<uint16_t*>(p)[i] = t == kF16 ? float_to_half(f) : float_to_bf16(f);
+}
+
+// ---- ModelOpt's block formulas (rtn_ref.h, the definition).
+struct Params {
+  float scale;
+  uint8_t zero_point;
+};
+NIBBLE_HD inline float min_scale(int t) { return round_to(t, 1e-5f); }
+NIBBLE_HD inline Params params_symmetric(float amax, int bits, int t) {
+  const float qmax = float((1 << (bits - 1)) - 1);
+  return Params{max(round_to(t, amax / qmax), min_scale(t)), 0};
+}
+NIBBLE_HD inline Params params_zero_point(float mn, float mx, int bits, int t) {
+  const float maxq = float((1 << bits) - 1);
+  const float range = max(round_to(t, mx - mn), min_scale(t));
+  Params p{round_to(t, range / maxq), 0};
+  const float z = -rint(round_to(t, mn / p.scale));
+  p.zero_point = uint8_t(clamp(z, 0.0f, maxq));
+  return p;
+}
+// numpy divides fp16 arrays in fp32 and rounds the quotient to fp16; bf16 codes stay in fp32.
+NIBBLE_HD inline uint8_t quantize(float w, Params p, int bits, bool zp, int t) {
+  float q = w / p.scale;
+  if (t == kF16) q = round_to(t, q);
+  const float r = rint(q);
+  if (zp) return uint8_t(clamp(r + float(p.zero_point), 0.0f, float((1 << bits) - 1)));
+  return uint8_t(int8_t(clamp(r, -float(1 << (bits - 1)), float((1 << (bits - 1)) - 1))));
+}
+NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zp) {
+  const int q = zp ? int(code) - int(p.zero_point) : int(int8_t(code));
+  return float(q) * p.scale;
+}
+
+}  // namespace nibble::kernels::hd

@@ -30,10 +30,11 @@ struct PlusOp {
 // slices. On the GPU a slice is one warp (its lanes are adjacent columns, adjacent addresses), so the
 // slice count is the warps per block (kernels/cuda/column_dot_kernels.h).
 //
-// float64: the products of two floats are exact in double and the sums nearly so; the loss gaps that
+// float64: the product of two floats is exact in double and the sums nearly so. The loss gaps that
 // pick an alpha can be tiny (SmolLM2-135M fp32, awq_lite: the best two of 11 candidates 3.1e-6 apart
-// relative on one of 150 weights), and these K adds per column cost nothing beside the K² N product
-// that feeds them (on an RTX card, whose fp64 runs at 1/64, still about one add per loaded float).
+// relative on one of 150 weights), near the float32 products' own rounding, and these K multiply-adds
+// per column cost little beside the K² N product that feeds them: even at an RTX card's 1/64-rate
+// fp64 they keep up with its memory (bench/GPU-MODEL.md, launch shapes).
 constexpr int kColumnSlices = 16;
 
 inline double column_dot_ref(const float* a, const float* b, int64_t K, int64_t ld) {

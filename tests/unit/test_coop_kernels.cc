@@ -221,16 +221,16 @@ TEST(ColumnDot, BlocksEqualColumnDotRefBitForBit) {
 }
 
 // The AWQ loss of the CPU backend and of the emulated device: the same products summed in the same
-// order give the same bits. The products are OpenBLAS's on both, the same routine with the operands'
-// roles swapped by the layout: strmm (the Cholesky form, nibble mode) gave the same bits for every
-// column count tried; sgemm (the Gram form, modelopt mode) only while the CPU's column chunk (256) is
-// the whole panel, beyond that its rounding depends on the column count, and the losses agree to the
-// float32 products' precision only.
+// order give the same bits. The products are OpenBLAS's on both, the same routine (strmm for the
+// Cholesky form, sgemm for the Gram form) with the operands' roles swapped by the layout; they agree
+// bit for bit while the CPU's column chunk (256) is the device's whole panel. On wider weights the
+// column count changes OpenBLAS's rounding (here at K = 600, not at K = 200), and the losses agree to
+// the float32 products' precision only, as the GPU's (cuBLAS) do.
 TEST(ColumnDot, CpuAndEmulatedDeviceAwqLossesAreTheSameBits) {
   if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";
   auto cpu = make_backend({Device::kCpu, 0}, nullptr);
   auto emu = make_backend({Device::kCudaEmulated, 0}, nullptr);
-  const int64_t K = 200, T = 500;
+  const int64_t K = 600, T = 1200;
   const auto gram = check::gram(T, K, 4);
   const std::vector<float> g32(gram.begin(), gram.end());
   const auto upper = cpu->gram_cholesky_upper(gram.data(), K);
@@ -248,7 +248,7 @@ TEST(ColumnDot, CpuAndEmulatedDeviceAwqLossesAreTheSameBits) {
         const auto want = cpu->awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
         const auto got = emu->awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
         const std::string at = c.label() + (factor ? " factor" : " gram") + (clip ? " clip" : "");
-        if (factor || c.N <= 256) {
+        if (c.N <= 256) {
           EXPECT_EQ(check::same(want, got, "losses"), "") << at;
         } else {
           for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << at;

@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
         for line in open(path):
             m = re.search(r"Compiling entry function '(\S+)' for '(sm_\d+)'", line)
             if m:
-                name = re.search(r"INS1_\d+([A-Za-z0-9]+?Body)E", m.group(1))
+                # One-thread-per-index bodies (…Body) and cooperative ones (launch_blocks.h: …Blocks).
+                name = re.search(r"INS1_\d+([A-Za-z0-9]+?(?:Body|Blocks))E", m.group(1))
                 kernel, arch = (name.group(1) if name else m.group(1)), m.group(2)
                 continue
             m = re.search(r"(\d+) bytes spill stores", line)

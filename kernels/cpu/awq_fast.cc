@@ -9,6 +9,7 @@
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/parallel.h"
+#include "kernels/tree_reduce.h"
 
 extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
 
@@ -55,37 +56,51 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   if (clip_ratios) rtn_quantize_weighted_fast(l.w, l.spec, l.energy.data(), *clip_ratios, q);
   else rtn_quantize_fast(l.w, l.spec, q);
   std::vector<float> d = loss_residual(l, q, w_kn, s);
+  // Each column's sum in column_dot_ref's order (the CUDA backend's), then the columns in order: the
+  // same loss as the device's for the same products, whatever the thread count.
   constexpr int64_t kChunk = 256;  // each call repacks the Gram matrix: few, wide chunks
+  std::vector<double> col(static_cast<size_t>(N));
   if (gram_upper != nullptr) {
-    // ‖U D‖² = tr(Dᵀ UᵀU D): U·D in place, column chunk by column chunk, summed per chunk in a fixed
-    // order, so the result does not depend on the thread count either.
-    std::vector<double> part(size_t(num_blocks(N, kChunk)), 0.0);
+    // ‖U D‖² = tr(Dᵀ UᵀU D): U·D in place, column chunk by column chunk.
     parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
       const int64_t n0 = c * kChunk, width = std::min(N, n0 + kChunk) - n0;
       cblas_strmm(CblasRowMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, int(K), int(width), 1.0f,
                   gram_upper, int(K), d.data() + n0, int(N));
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const float* row = d.data() + k * N + n0;
-        for (int64_t j = 0; j < width; ++j) acc += double(row[j]) * double(row[j]);
-      }
-      part[size_t(c)] = acc;
+      column_dots(d.data() + n0, d.data() + n0, K, N, width, col.data() + n0);
     });
-    double sum = 0;
-    for (double p : part) sum += p;
-    return sum / (double(rows) * double(N));
+  } else {
+    // G·D in fixed column chunks, one single-threaded sgemm each on our own threads: no idle BLAS
+    // threads spin beside ours.
+    std::vector<float> gd(size_t(K * N));
+    parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
+      const int64_t n0 = c * kChunk, width = std::min(N, n0 + kChunk) - n0;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(width), int(K), 1.0f, gram32, int(K),
+                  d.data() + n0, int(N), 0.0f, gd.data() + n0, int(N));
+      column_dots(d.data() + n0, gd.data() + n0, K, N, width, col.data() + n0);
+    });
   }
-  // G·D in fixed column chunks, one single-threaded sgemm each on our own threads: the result does
-  // not depend on the thread count, and no idle BLAS threads spin beside ours.
-  std::vector<float> gd(size_t(K * N));
-  parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
-    const int64_t n0 = c * kChunk, width = std::min(N, n0 + kChunk) - n0;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(K), int(width), int(K), 1.0f, gram32, int(K),
-                d.data() + n0, int(N), 0.0f, gd.data() + n0, int(N));
-  });
   double sum = 0;
-  for (size_t i = 0; i < d.size(); ++i) sum += double(d[i]) * double(gd[i]);
+  for (double v : col) sum += v;
   return sum / (double(rows) * double(N));
+}
+
+void column_dots(const float* a, const float* b, int64_t K, int64_t ld, int64_t width, double* out) {
+  constexpr int64_t kTile = 256;  // columns whose slice sums are kept together (32 KiB)
+  for (int64_t j0 = 0; j0 < width; j0 += kTile) {
+    const int64_t nj = std::min(kTile, width - j0);
+    double slice[kColumnSlices][kTile] = {};
+    for (int64_t k = 0; k < K; ++k) {  // rows in order: slice k % 16 of every column gets its next term
+      const float* ra = a + k * ld + j0;
+      const float* rb = b + k * ld + j0;
+      double* sl = slice[k % kColumnSlices];
+      for (int64_t j = 0; j < nj; ++j) sl[j] += double(ra[j]) * double(rb[j]);
+    }
+    for (int64_t j = 0; j < nj; ++j) {
+      double v[kColumnSlices];
+      for (int i = 0; i < kColumnSlices; ++i) v[i] = slice[i][j];
+      out[j0 + j] = tree_reduce<kColumnSlices>(v, PlusOp{});
+    }
+  }
 }
 
 }  // namespace nibble::kernels

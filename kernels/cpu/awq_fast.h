@@ -11,8 +11,9 @@ namespace nibble::kernels {
 // The AWQ loss (awq_loss_ref) with the products in float32 BLAS: w_kn is logical_weight(w). With
 // `gram_upper` (gram_cholesky_upper of the same Gram matrix) the loss is ‖U D‖² instead of
 // Σ D ⊙ (G D): one triangular product, half the flops of the GEMM (nibble mode; modelopt mode keeps
-// the GEMM form its parity was measured with). Column chunks are summed in a fixed order, so the
-// result does not depend on the thread count.
+// the GEMM form its parity was measured with). Each column is summed in column_dot_ref's order
+// (kernels/tree_reduce.h, the CUDA backend's too), the columns in order: the result does not depend on
+// the thread count, and equals the emulated device's when the BLAS products do.
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr,
                 const float* gram_upper = nullptr);
@@ -22,6 +23,10 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
 // always zero, fewer tokens than channels) gets a diagonal shift of 1e-12, then 1e-9 of its largest
 // diagonal element, which changes no loss comparison; empty when even that fails (GEMM form then).
 std::vector<float> gram_cholesky_upper(const double* gram, int64_t K);
+
+// column_dot_ref of `width` adjacent columns of row-major arrays (row stride ld), bit for bit, the
+// columns side by side so the loop vectorizes.
+void column_dots(const float* a, const float* b, int64_t K, int64_t ld, int64_t width, double* out);
 
 // OpenBLAS runs single-threaded inside our parallel_for.
 void use_single_threaded_blas();

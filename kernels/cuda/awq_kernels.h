@@ -1,5 +1,6 @@
 // Kernel bodies of weight scaling, the AWQ statistics and the AWQ loss: element-wise bodies one
-// thread per element, reductions one thread per output with the reference's summation order.
+// thread per element, reductions one thread per output with the reference's summation order (the
+// loss's column sums are cooperative: column_dot_kernels.h).
 #pragma once
 #include "kernels/cuda/hd_float.h"
 #include "kernels/cuda/rtn_kernels.h"
@@ -186,20 +187,6 @@ struct AwqDiffBody {
     const int code = zero_points ? int(codes[ci]) - int(zero_points[pi]) : int(int8_t(codes[ci]));
     const float deq = hd::round_to(qdt, float(code) * scales[pi]);
     d[i] = w.at(k, n) - deq / s[k];
-  }
-};
-
-// acc[n] += Σ_{k < rows} a[k * N + n] * b[k * N + n] in double, k ascending: each column's sum runs in
-// one fixed order whatever the panels it is computed in.
-struct ColumnDotBody {
-  const float* a;
-  const float* b;
-  int64_t rows, N;
-  double* acc;
-  NIBBLE_HD void operator()(int64_t n) const {
-    double s = acc[n];
-    for (int64_t k = 0; k < rows; ++k) s += double(a[k * N + n]) * double(b[k * N + n]);
-    acc[n] = s;
   }
 };
 

@@ -9,7 +9,9 @@
 
 #include "kernels/cuda/awq_kernels.h"
 #include "kernels/cuda/backend_impl.h"
+#include "kernels/cuda/column_dot_kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/rtn_blocks.h"
 
 namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
 
@@ -33,7 +35,7 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
     launch(*dev_, int64_t(q.scales.size()), RtnWeightedBody{sv, shape, q.out(), energy.get(), r.get(), int64_t(clip->size())});
     dev_->synchronize();
   } else {
-    launch(*dev_, int64_t(q.scales.size()), RtnBody{sv, shape, q.out()});
+    launch_rtn(*dev_, sv, shape, q.out());
   }
   DeviceBuffer<float> d(*dev_, size_t(n));
   launch(*dev_, n, AwqDiffBody{v, q.codes.get(), q.scales.get(), spec.zero_point ? q.zero_points.get() : nullptr, spec.block,
@@ -42,23 +44,28 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
   return d;
 }
 
-// acc[n] += Σ_k D(k, n) (G D)(k, n), or Σ_k (U D)(k, n)² with the factor. D is [K, width] row-major,
-// which column-major is X = Dᵀ (width x K); G (or U) row-major read column-major is its transpose,
-// so G D = (X Gᵀ)ᵀ and U D = (X Uᵀ)ᵀ, Uᵀ lower triangular.
+// acc[n] = Σ_k D(k, n) (G D)(k, n), or Σ_k (U D)(k, n)² with the factor, in column_dot_ref's order
+// (ColumnDotBlocks). D is [K, width] row-major, which column-major is X = Dᵀ (width x K); G (or U)
+// row-major read column-major is its transpose, so G D = (X Gᵀ)ᵀ and U D = (X Uᵀ)ᵀ, Uᵀ lower triangular.
+// Y = X Gᵀ comes out column-major width x K: row-major [K, width], as D.
 void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t gram_rows,
                                const DeviceBuffer<float>& d, int64_t width, double* acc) {
-  const int64_t K = g.K;
+  const int64_t K = g.K, blocks = column_dot_blocks(width);
   const int m = int(width), k = int(K);
   DeviceBuffer<float> y(*dev_, size_t(width * gram_rows));
   if (g.has_upper() && resident && gram_rows == K) {
     la().strmm(Side::kRight, Fill::kLower, Op::kN, m, k, 1.0f, resident, k, d.get(), m, y.get(), m);
-    launch(*dev_, width, ColumnDotBody{y.get(), y.get(), K, width, acc});
+    launch_blocks(*dev_, blocks, ColumnDotBlocks{y.get(), y.get(), K, width, 0, nullptr, true, true, acc});
     dev_->synchronize();
     return;
   }
+  // Each column's slice sums carry from one row panel to the next: the same sum whatever the panels.
+  DeviceBuffer<double> partial;
+  if (gram_rows < K) partial = DeviceBuffer<double>(*dev_, size_t(kColumnSlices * width));
   const float* src = g.upper ? g.upper : g.gram32;
   for (int64_t r0 = 0; r0 < K; r0 += gram_rows) {
     const int64_t nr = std::min(gram_rows, K - r0);
+    const bool first = r0 == 0, last = r0 + nr == K;
     DeviceBuffer<float> panel;
     const float* rows = resident ? resident + r0 * K : nullptr;
     if (!resident) {  // rows r0 .. r0 + nr of G (or U), contiguous on the host
@@ -67,10 +74,11 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
     }
     if (g.has_upper()) {  // U's rows r0.. are zero left of r0: (U D)[r0:] = X[:, r0:] (Uᵀ)[r0:, r0:r0+nr]
       la().sgemm(Op::kN, Op::kN, m, int(nr), int(K - r0), 1.0f, d.get() + r0 * width, m, rows + r0, k, 0.0f, y.get(), m);
-      launch(*dev_, width, ColumnDotBody{y.get(), y.get(), nr, width, acc});
+      launch_blocks(*dev_, blocks, ColumnDotBlocks{y.get(), y.get(), nr, width, r0, partial.get(), first, last, acc});
     } else {
       la().sgemm(Op::kN, Op::kN, m, int(nr), k, 1.0f, d.get(), m, rows, k, 0.0f, y.get(), m);
-      launch(*dev_, width, ColumnDotBody{d.get() + r0 * width, y.get(), nr, width, acc});
+      launch_blocks(*dev_, blocks,
+                    ColumnDotBlocks{d.get() + r0 * width, y.get(), nr, width, r0, partial.get(), first, last, acc});
     }
     dev_->synchronize();
   }
@@ -86,8 +94,9 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   // over the triangle) or Σ D ⊙ (G D) (2 K² N).
   dev_->count_flops(double(scales.size()) * double(K * N) * (16.0 + (g.has_upper() ? double(K) : 2.0 * double(K))));
   if (g.K != K || !g.gram32) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
-  // Per panel column: weight, W ⊙ s, codes, D and one row of Y per Gram row, params and errors.
-  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8;
+  // Per panel column: weight, W ⊙ s, codes, D and one row of Y per Gram row, params and errors, the
+  // slice sums carried between Gram row panels.
+  const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8 + kColumnSlices * 8;
   const uint64_t fixed = uint64_t(K) * 12 + 4096;
   const uint64_t gram_bytes = uint64_t(K) * uint64_t(K) * 4;
   DeviceBuffer<float> uploaded;

@@ -10,6 +10,7 @@
 #include "kernels/cuda/hqq_kernels.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/pack_kernels.h"
+#include "kernels/cuda/rtn_blocks.h"
 #include "kernels/parallel.h"
 #include "kernels/cuda/search_kernels.h"
 
@@ -169,7 +170,7 @@ void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   const OpScope op(*dev_, "rtn");
   dev_->count_flops(8.0 * double(w.rows * w.cols));  // range, quotient, rounding, error
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
-    launch(*dev_, int64_t(q.scales.size()), RtnBody{p.view, shape_of(spec, w.dtype), q.out()});
+    launch_rtn(*dev_, p.view, shape_of(spec, w.dtype), q.out());
   });
 }
 

@@ -2,7 +2,8 @@
 // threads of a warp read consecutive columns of a [K, N] weight (coalesced). Each body is the
 // reference's per-block loop (rtn_ref.h, clip_ref.h) with the same operations in the same order,
 // hence the same codes, scales and zero points; its error goes to block_error[g * N + n] and the
-// backend sums those in a fixed order.
+// backend sums those in a fixed order. (Plain RTN of a [N, K] weight, where a block's values are
+// adjacent, runs a warp per block instead: rtn_blocks.h.)
 #pragma once
 #include "kernels/cuda/hd_float.h"
 

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kernels/cpu/awq_fast.h"
 #include "kernels/cpu/awq_ref.h"
+#include "kernels/tree_reduce.h"
 
 using namespace nibble;
 using namespace nibble::kernels;
@@ -80,4 +82,23 @@ TEST(AwqLoss, TriangularFormEqualsGemmForm) {
         EXPECT_NEAR(tri / gemm, 1.0, 1e-4);
       }
   }
+}
+
+// The CPU's column sums (columns side by side, vectorized) in column_dot_ref's order, bit for bit:
+// the order the CUDA backend's cooperative kernel follows (kernels/tree_reduce.h).
+TEST(AwqLoss, ColumnDotsEqualColumnDotRefBitForBit) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  for (int64_t K : {1, 17, 300})
+    for (int64_t width : {1, 70, 300}) {  // 300: past one tile of 256 columns
+      const int64_t ld = width + 5;        // a chunk of a wider array
+      std::vector<float> a(size_t(K * ld)), b(a.size());
+      for (size_t i = 0; i < a.size(); ++i) a[i] = nd(rng) * std::exp(2.0f * nd(rng)), b[i] = nd(rng);
+      std::vector<double> got(static_cast<size_t>(width));
+      column_dots(a.data(), b.data(), K, ld, width, got.data());
+      for (int64_t n = 0; n < width; ++n) {
+        const double want = column_dot_ref(a.data() + n, b.data() + n, K, ld);
+        ASSERT_EQ(std::memcmp(&got[size_t(n)], &want, 8), 0) << "K " << K << " width " << width << " column " << n;
+      }
+    }
 }

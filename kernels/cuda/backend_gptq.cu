@@ -42,7 +42,9 @@ void check_spec(const QuantSpec& spec) {
   if (spec.block <= 0) throw std::invalid_argument("block must be positive");
 }
 
-int64_t stage_rows(int64_t K) { return std::clamp<int64_t>(int64_t(kStageBytes / (uint64_t(K) * 8)), 1, K); }
+int64_t stage_rows(int64_t K) {
+  return K > 0 ? std::clamp<int64_t>(int64_t(kStageBytes / (uint64_t(K) * 8)), 1, K) : 1;
+}
 
 }  // namespace
 

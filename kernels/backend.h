@@ -48,6 +48,9 @@ struct GptqFactor {
   int64_t K = 0;
   std::vector<int64_t> perm;   // sweep order: position i quantizes input channel perm[i]
   std::vector<float> upper;    // U with H⁻¹ = UᵀU, H the damped Gram in sweep order: K x K row-major, upper
+  // U (and the sweep's channel vectors) kept on a device backend: `upper` is then empty, and that backend's
+  // gptq_quantize of every weight reading the activation reads it in place.
+  std::shared_ptr<const Resident> upper_resident{};
   std::vector<float> energy;   // diag of the (scaled, undamped) Gram per input channel, in channel order
   std::vector<uint8_t> dead;   // channels that are never active (zero diagonal): their weights become 0
   double damp = 0;             // what was added to the diagonal

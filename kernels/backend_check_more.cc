@@ -111,8 +111,9 @@ std::string check_packs(Backend& r, Backend& g, const Case& c, const check::Weig
   return {};
 }
 
-// GPTQ on both backends from their own factors: the same sweep order; float32 against float64
-// arithmetic may flip a rounding tie, so at most 1 code in 500 may differ and the error within 1%.
+// GPTQ on both backends from their own factors, and on the backend from the reference's factor (a host
+// factor that a device uploads): the same sweep order and dampening; float32 against float64 arithmetic
+// may flip a rounding tie, so at most 1 code in 500 may differ and the error within 1%.
 std::string check_gptq(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
   const auto gram = check::gram(300, c.K, 41);
   const auto inv_s = check::positive(c.K, 0.5f, 2.0f, 43);
@@ -122,13 +123,18 @@ std::string check_gptq(Backend& r, Backend& g, const Case& c, const check::Weigh
     const GptqFactor fr = r.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
     const GptqFactor fg = g.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
     if (fr.perm != fg.perm) return "sweep order differs";
-    QuantResult a, x;
+    if (fr.damp != fg.damp || fr.dead != fg.dead) return "dampening or dead channels differ";
+    QuantResult a;
     r.gptq_quantize(w.m, c.spec(), fr, opt, a);
-    g.gptq_quantize(w.m, c.spec(), fg, opt, x);
-    size_t differ = 0;
-    for (size_t i = 0; i < a.codes.size(); ++i) differ += a.codes[i] != x.codes[i];
-    if (differ > a.codes.size() / 500) return std::to_string(differ) + " codes differ (bound 1 in 500)";
-    if (std::fabs(x.sq_error - a.sq_error) > 0.01 * a.sq_error) return "sq_error beyond 1%";
+    for (const GptqFactor* f : {&fg, &fr}) {
+      QuantResult x;
+      g.gptq_quantize(w.m, c.spec(), *f, opt, x);
+      const std::string whose = f == &fg ? "own factor: " : "reference's factor: ";
+      size_t differ = 0;
+      for (size_t i = 0; i < a.codes.size(); ++i) differ += a.codes[i] != x.codes[i];
+      if (differ > a.codes.size() / 500) return whose + std::to_string(differ) + " codes differ (bound 1 in 500)";
+      if (std::fabs(x.sq_error - a.sq_error) > 0.01 * a.sq_error) return whose + "sq_error beyond 1%";
+    }
   }
   return {};
 }

@@ -25,6 +25,7 @@ void GptqQuantizer::quantize(const PlannedWeight& pw, const kernels::WeightMatri
     if (block) throw Error("GPTQ needs the whole XᵀX of '" + pw.activation + "'; calibration kept only its blocks");
     std::vector<float> inv(scale.size());
     for (size_t k = 0; k < inv.size(); ++k) inv[k] = 1.0f / scale[k];
+    factor_ = kernels::GptqFactor{};  // the last activation's U (on a device: its memory) is no longer needed
     try {
       factor_ = backend_.gptq_factor(gram, pw.K(), awq_scale ? inv.data() : nullptr, o_.gptq_percdamp,
                                      o_.gptq_act_order);

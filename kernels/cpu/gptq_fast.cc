@@ -142,6 +142,7 @@ void gptq_quantize_fast(const WeightMatrix& w, const QuantSpec& spec, const Gptq
   use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   if (f.K != K) throw std::invalid_argument("gptq_quantize: factor of K = " + std::to_string(f.K));
+  if (f.upper.size() != size_t(K * K)) throw std::invalid_argument("gptq_quantize: a factor without U on the host");
   out.groups = G;
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);

@@ -6,25 +6,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/gptq_channels.h"
+
 namespace nibble::kernels {
 
 std::vector<double> gptq_prepare_hessian(const double* gram, int64_t K, const float* inv_s, bool act_order,
                                          GptqFactor& f) {
-  f.K = K;
-  f.energy.assign(size_t(K), 0.0f);
-  f.dead.assign(size_t(K), 0);
-  std::vector<double> d(static_cast<size_t>(K));
-  for (int64_t k = 0; k < K; ++k) {
-    const double s = inv_s ? double(inv_s[k]) : 1.0;
-    d[size_t(k)] = gram[k * K + k] * s * s;
-    f.energy[size_t(k)] = float(d[size_t(k)]);
-    f.dead[size_t(k)] = !(d[size_t(k)] > 0);
-  }
-  f.perm.resize(size_t(K));
-  std::iota(f.perm.begin(), f.perm.end(), int64_t(0));
-  // Channels with the most energy first: their errors are compensated by the most channels.
-  if (act_order)
-    std::stable_sort(f.perm.begin(), f.perm.end(), [&](int64_t a, int64_t b) { return d[size_t(a)] > d[size_t(b)]; });
+  gptq_channels(gram, K, inv_s, act_order, f);
   std::vector<double> h(size_t(K * K));
   for (int64_t i = 0; i < K; ++i) {
     const int64_t a = f.perm[size_t(i)];
@@ -41,12 +29,9 @@ std::vector<double> gptq_prepare_hessian(const double* gram, int64_t K, const fl
 }
 
 double gptq_damp(const std::vector<double>& h, int64_t K, double percdamp, int attempt) {
-  double mean = 0;
-  for (int64_t k = 0; k < K; ++k) mean += h[size_t(k * K + k)];
-  mean /= double(K);
-  double d = percdamp * mean;
-  for (int a = 0; a < attempt; ++a) d = std::max(d * 10.0, 1e-6 * mean);
-  return d;
+  std::vector<double> diag(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) diag[size_t(k)] = h[size_t(k * K + k)];
+  return gptq_damp_of(diag, percdamp, attempt);
 }
 
 namespace {
@@ -147,6 +132,7 @@ void gptq_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, const GptqF
                        QuantResult& out) {
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   if (f.K != K) throw std::invalid_argument("gptq_quantize: factor of K = " + std::to_string(f.K));
+  if (f.upper.size() != size_t(K * K)) throw std::invalid_argument("gptq_quantize: a factor without U on the host");
   const bool zp = spec.zero_point;
   const DType st = scale_type(spec, w.dtype);
   out.groups = G;

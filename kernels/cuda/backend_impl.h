@@ -4,8 +4,8 @@
 // LinAlg (BLAS), both chosen at construction.
 //
 // On the host, through `host_` (the threaded CPU backend), each entered in the transfer ledger as a
-// host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits),
-// gptq_factor and gptq_quantize: no device versions yet.
+// host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits);
+// and gptq_factor / gptq_quantize only when the budget cannot hold their K x K arrays (backend_gptq.cu).
 #pragma once
 #include <memory>
 #include <string>
@@ -83,20 +83,9 @@ class CudaBackend final : public Backend {
   std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
-  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp, bool act_order) override {
-    return on_host("gptq_factor", [&](Backend& h) {
-      dev_->count_flops(0, double(K) * double(K) * double(K));  // Cholesky, inverse, Cholesky: ~K³ in fp64
-      return h.gptq_factor(gram, K, inv_s, percdamp, act_order);
-    });
-  }
+  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp, bool act_order) override;
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
-                     QuantResult& out) override {
-    on_host("gptq_quantize", [&](Backend& h) {
-      std::vector<uint8_t> b;
-      dev_->count_flops(double(w.K()) * double(w.K()) * double(w.N()));  // the updates: K² N over the triangle
-      return h.gptq_quantize(host_weight(w, b), spec, f, opt, out);
-    });
-  }
+                     QuantResult& out) override;
   std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override;
   std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                double alpha) override {
@@ -167,6 +156,17 @@ class CudaBackend final : public Backend {
   void gram_columns(const GramForm& g, const float* resident, int64_t gram_rows, const DeviceBuffer<float>& d,
                     int64_t width, double* acc);
 
+  // GPTQ (backend_gptq.cu): a factor's arrays on the device, H of one dampening from the host's Gram
+  // matrix, the sweep of a weight in column panels, and a device factor brought back for the host.
+  struct GptqArrays;
+  struct GptqSweep;
+  GptqArrays gptq_arrays(const GptqFactor& f);
+  void gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s, double damp, double* h);
+  int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;
+  void gptq_panels(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, int64_t width, QuantResult& out);
+  void gptq_panel(const GptqSweep& sw, const WeightMatrix& w, const Panel& pnl, DeviceQuant& q, double* chunk_error);
+  GptqFactor gptq_host_factor(const GptqFactor& f);
+
   std::unique_ptr<DeviceLayer> dev_;
   std::unique_ptr<LinAlg> la_;
   std::unique_ptr<Backend> host_;
@@ -186,6 +186,9 @@ inline std::vector<T> CudaBackend::download(const DeviceBuffer<T>& b) {
   dev_->to_host(v.data(), b.get(), b.bytes());
   return v;
 }
+
+// The host's copy of 4-bit codes from their packed form (backend_quant.cu).
+void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vector<uint8_t>& codes);
 
 std::unique_ptr<Backend> make(std::unique_ptr<DeviceLayer> dev, std::unique_ptr<LinAlg> la,
                               std::unique_ptr<Backend> host);

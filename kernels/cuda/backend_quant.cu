@@ -77,8 +77,9 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
                                  bool packed, HostQuant& h) {
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block), n0 = p.n0, wd = p.width;
   QuantResult& out = h.out;
-  // Each column's error summed over its blocks on the device (g in order).
-  launch(*dev_, wd, ColumnSumBody{q.error.get(), G, wd, h.err_n.get() + n0});
+  // Each column's error summed over its blocks on the device (g in order); none when the operation sums
+  // its errors itself (gptq).
+  if (q.error.size()) launch(*dev_, wd, ColumnSumBody{q.error.get(), G, wd, h.err_n.get() + n0});
   if (packed) {
     const int64_t n = K * wd;
     q.packed = DeviceBuffer<uint8_t>(*dev_, size_t((n + 1) / 2));
@@ -114,8 +115,6 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
   }
 }
 
-namespace {
-
 // The host's copy of 4-bit codes from their packed form: low nibble first, symmetric codes sign-extended
 // (a code byte is int8 then), as pack_onnx read them.
 void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vector<uint8_t>& codes) {
@@ -128,8 +127,6 @@ void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vect
     }
   });
 }
-
-}  // namespace
 
 template <class Run>
 void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,

@@ -8,6 +8,7 @@
 #include "kernels/parallel.h"
 
 extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+extern "C" void dpotri_(const char* uplo, const int* n, double* a, const int* lda, int* info);
 
 namespace nibble::kernels::gpu {
 namespace {
@@ -47,6 +48,12 @@ class BlasLinAlg final : public LinAlg {
     const char u = fill == Fill::kLower ? 'L' : 'U';
     int info = 0;
     dpotrf_(&u, &n, A, &lda, &info);
+    return info;
+  }
+  int dpotri(Fill fill, int n, double* A, int lda) override {
+    const char u = fill == Fill::kLower ? 'L' : 'U';
+    int info = 0;
+    dpotri_(&u, &n, A, &lda, &info);
     return info;
   }
 };

@@ -61,6 +61,16 @@ class CublasLinAlg final : public LinAlg {
     dev_.to_host(&h, info.get(), sizeof(int));
     return h;
   }
+  int dpotri(Fill fill, int n, double* A, int lda) override {
+    int work = 0;
+    check(cusolverDnDpotri_bufferSize(solver_, fill_mode(fill), n, A, lda, &work), "potri buffer size");
+    DeviceBuffer<double> ws(dev_, size_t(work));
+    DeviceBuffer<int> info(dev_, 1);
+    check(cusolverDnDpotri(solver_, fill_mode(fill), n, A, lda, ws.get(), work, info.get()), "potri");
+    int h = 0;
+    dev_.to_host(&h, info.get(), sizeof(int));
+    return h;
+  }
 
  private:
   // A failed call names the operation that made it: "cuda: awq_losses: cuBLAS sgemm: status 13".

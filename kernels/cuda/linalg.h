@@ -34,6 +34,9 @@ class LinAlg {
   // Cholesky factor of the n x n symmetric positive definite A in place (`fill` triangle).
   // Returns LAPACK's info: 0 on success, i > 0 when the leading minor i is not positive.
   virtual int dpotrf(Fill fill, int n, double* A, int lda) = 0;
+  // The inverse of A from its Cholesky factor (dpotrf's output) in place, on the same `fill` triangle.
+  // Returns LAPACK's info: 0 on success, i > 0 when the factor's diagonal element i is zero.
+  virtual int dpotri(Fill fill, int n, double* A, int lda) = 0;
 };
 
 // OpenBLAS + LAPACK on host memory (the emulated device's pointers are host pointers).

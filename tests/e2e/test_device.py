@@ -73,19 +73,40 @@ def _quantize_pair(nibble, src, root, *flags):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("flags", [("--algo", "rtn_dq"), ("--algo", "rtn_dq", "--use_zero_point"),
                                    ("--algo", "rtn", "--format", "matmulnbits"), ("--algo", "hqq"),
-                                   ("--algo", "hqq", "--format", "matmulnbits")])
+                                   ("--algo", "hqq", "--format", "matmulnbits"), ("--algo", "gptq"),
+                                   ("--algo", "gptq", "--gptq_act_order", "--use_zero_point"),
+                                   ("--algo", "awq_gptq")],
+                         ids=["rtn_dq", "rtn_dq_zp", "rtn_matmulnbits", "hqq", "hqq_matmulnbits", "gptq",
+                              "gptq_act_order_zp", "awq_gptq"])
 def test_emulated_device_writes_the_cpu_model(nibble, model_cache, tmp_path, dtype, flags):
-    _, src = model_cache.llama(dtype=dtype)
-    cpu, emu, report = _quantize_pair(nibble, src, str(tmp_path), *flags, "--block_size", "32")
+    spec, src = model_cache.llama(dtype=dtype)
+    gptq = flags[1] in ("gptq", "awq_gptq")
+    calib = []
+    if gptq:  # 256 tokens: more than any K, the Gram matrices are full rank
+        npz = str(tmp_path / "calib.npz")
+        x = np.random.default_rng(5).standard_normal((4, 64, spec.hidden))
+        np.savez(npz, hidden=x.astype(np.float16 if dtype == "fp16" else np.float32))
+        calib = ["--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu"]
+    cpu, emu, report = _quantize_pair(nibble, src, str(tmp_path), *flags, *calib, "--block_size", "32")
     assert folder_digest(cpu) == folder_digest(emu)
     assert report["backend"] == "cuda_emulated"
-    assert set(report["stages"].values()) == {"cuda_emulated"}
+    stages = dict(report["stages"])
+    assert stages.pop("calibrate", "onnxruntime (cpu)") == "onnxruntime (cpu)"
+    assert set(stages.values()) == {"cuda_emulated"}
     s = report["summary"]
     assert s["device_memory_budget_bytes"] == 1 << 30
     assert 0 < s["peak_device_memory_bytes"] <= s["device_memory_budget_bytes"]
     if "hqq" in flags:  # HQQ runs on the device (integer zero points in dq, float ones in MatMulNBits)
         assert s["device"]["ops"]["hqq"]["calls"] > 0 and not s["device"]["ops"]["hqq"]["host_fallback"]
         assert "hqq" not in s["device"]["on_host"]
+    if gptq:  # both GPTQ operations ran on the device, and only awq_scale (libm's powf) on the host
+        ops = s["device"]["ops"]
+        for op in ("gptq_factor", "gptq_quantize"):
+            assert ops[op]["calls"] > 0 and not ops[op]["host_fallback"], ops[op]
+        assert set(s["device"]["on_host"]) <= {"awq_scale"}, s["device"]["on_host"]
+        assert ops["gptq_quantize"]["d2h_bytes"] <= 1.1 * s["bytes_quantized_out"]
+        if flags[1] == "awq_gptq":  # W ⊙ s is read where scale_weight_f32 left it: only O(K) lists go up
+            assert ops["gptq_quantize"]["h2d_bytes"] <= ops["gptq_quantize"]["calls"] * (spec.inter + 16) * 4
 
 
 # ModelOpt mode's own device operations: the clip search on the token sample (awq_clip, awq_full) and the

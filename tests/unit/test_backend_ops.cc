@@ -196,6 +196,13 @@ TEST(CudaEmulated, LinAlgIsColumnMajorBlas) {
   EXPECT_DOUBLE_EQ(P[0], 2.0);
   EXPECT_DOUBLE_EQ(P[1], 1.0);
   EXPECT_DOUBLE_EQ(P[3], 2.0);
+  // dpotri from that factor: [[4, 2], [2, 5]]⁻¹ = [[5, -2], [-2, 4]] / 16, lower triangle.
+  EXPECT_EQ(la->dpotri(gpu::Fill::kLower, 2, P.data(), 2), 0);
+  EXPECT_DOUBLE_EQ(P[0], 5.0 / 16);
+  EXPECT_DOUBLE_EQ(P[1], -2.0 / 16);
+  EXPECT_DOUBLE_EQ(P[3], 4.0 / 16);
+  std::vector<double> Z = {0, 0, 0, 1};  // a factor with a zero on its diagonal: singular
+  EXPECT_EQ(la->dpotri(gpu::Fill::kLower, 2, Z.data(), 2), 1);
   std::vector<double> Q = {1, 2, 2, 1};
   EXPECT_GT(la->dpotrf(gpu::Fill::kLower, 2, Q.data(), 2), 0);
 }

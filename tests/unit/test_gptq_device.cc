@@ -1,0 +1,268 @@
+// GPTQ on the CUDA backend, on the emulated device: the factor (H built on the device, dpotrf → dpotri →
+// dpotrf through LinAlg, U kept there) and the sweep (lazy batches, the trailing update as one sgemm per
+// 128-column chunk) give the CPU backend's bits, codes, scales, zero points and the error sum; sibling
+// weights read one kept factor; W ⊙ s kept by AWQ is read in place; and a budget too small for the factor
+// (or even for one chunk of the sweep) falls back to the host with the same results.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
+
+using namespace nibble;
+using namespace nibble::kernels;
+
+namespace {
+
+std::unique_ptr<Backend> emulated(uint64_t budget = uint64_t(64) << 20) {
+  return make_backend(BackendOptions{Device::kCudaEmulated, budget}, nullptr);
+}
+
+OpTransfers op(const Backend& b, const std::string& name) {
+  const auto& ops = b.transfer_ledger()->ops;
+  const auto it = ops.find(name);
+  return it == ops.end() ? OpTransfers{} : it->second;
+}
+
+// XᵀX of T token rows with correlated channels, a few loud ones, and channel `dead` never active.
+std::vector<double> make_gram(int64_t K, int64_t T, uint32_t seed, int64_t dead) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> d;
+  std::vector<double> x(size_t(T * K));
+  for (int64_t t = 0; t < T; ++t) {
+    const double common = d(rng);
+    for (int64_t k = 0; k < K; ++k)
+      x[size_t(t * K + k)] = k == dead ? 0.0 : (0.6 * common + d(rng)) * (k % 17 == 3 ? 8.0 : 1.0);
+  }
+  std::vector<double> g(size_t(K * K), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) g[size_t(i * K + j)] += x[size_t(t * K + i)] * x[size_t(t * K + j)];
+  return g;
+}
+
+// A weight of `dtype` in the stored layout of k_axis, with an outlier.
+struct Weight {
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  WeightMatrix m;
+  Weight(DType t, int64_t K, int64_t N, int k_axis, uint32_t seed) : f(size_t(K * N)), h(size_t(K * N)) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 0.05f);
+    for (size_t i = 0; i < f.size(); ++i) {
+      f[i] = i % 101 == 7 ? 0.6f : d(rng);
+      h[i] = t == DType::kFloat16 ? float_to_half(f[i]) : float_to_bf16(f[i]);
+    }
+    const void* data = t == DType::kFloat32 ? static_cast<const void*>(f.data()) : h.data();
+    m = WeightMatrix{t, data, k_axis == 0 ? K : N, k_axis == 0 ? N : K, k_axis};
+  }
+  uint64_t bytes() const { return uint64_t(m.rows * m.cols) * dtype_size(m.dtype); }
+};
+
+void expect_same(const QuantResult& want, const QuantResult& got) {
+  EXPECT_EQ(want.groups, got.groups);
+  EXPECT_EQ(want.codes, got.codes);
+  ASSERT_EQ(want.scales.size(), got.scales.size());
+  EXPECT_EQ(0, std::memcmp(want.scales.data(), got.scales.data(), want.scales.size() * 4)) << "scales";
+  EXPECT_EQ(want.zero_points, got.zero_points);
+  EXPECT_EQ(0, std::memcmp(&want.sq_error, &got.sq_error, 8)) << want.sq_error << " vs " << got.sq_error;
+}
+
+void expect_same_channels(const GptqFactor& want, const GptqFactor& got) {
+  EXPECT_EQ(want.perm, got.perm);
+  EXPECT_EQ(want.energy, got.energy);
+  EXPECT_EQ(want.dead, got.dead);
+  EXPECT_EQ(0, std::memcmp(&want.damp, &got.damp, 8));
+}
+
+GptqOptions options(int64_t lazy) {
+  GptqOptions o;
+  o.ratios = {1.0f, 0.95f, 0.9f, 0.8f, 0.7f};
+  o.lazy_block = lazy;
+  return o;
+}
+
+struct Case {
+  DType dtype;
+  int k_axis, bits;
+  bool zp;
+  int64_t lazy;
+};
+// Each dtype, layout, width, mode and lazy batch at least twice, in different company.
+const Case kCases[] = {{DType::kFloat32, 0, 4, false, 128}, {DType::kFloat16, 1, 4, true, 48},
+                       {DType::kBFloat16, 0, 8, true, 128},  {DType::kFloat32, 1, 8, false, 48},
+                       {DType::kFloat16, 0, 4, false, 48},  {DType::kBFloat16, 1, 4, true, 128}};
+
+}  // namespace
+
+// Each case against the CPU backend, bit for bit: K = 200 (blocks of 64: a partial last block),
+// N = 300 (two whole 128-column chunks and a partial one), a dead channel, act order on and off, scaled
+// by 1/s (awq_gptq) or not, lazy batches of 128 and of 48 (blocks fixed in the middle of a batch).
+TEST(GptqDevice, EqualsTheCpuBackendBitForBit) {
+  const int64_t K = 200, N = 300;
+  const std::vector<double> gram = make_gram(K, 3 * K, 7, 11);
+  std::vector<float> inv_s(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) inv_s[size_t(k)] = 0.5f + 0.125f * float(k % 13);
+  auto cpu = make_cpu_backend();
+  auto gpu = emulated();
+  for (bool act_order : {false, true})
+    for (bool scaled : {false, true}) {
+      const float* s = scaled ? inv_s.data() : nullptr;
+      const GptqFactor fc = cpu->gptq_factor(gram.data(), K, s, 0.01, act_order);
+      const GptqFactor fg = gpu->gptq_factor(gram.data(), K, s, 0.01, act_order);
+      SCOPED_TRACE(std::string(act_order ? "act_order" : "in order") + (scaled ? " scaled" : ""));
+      expect_same_channels(fc, fg);
+      EXPECT_EQ(fc.dead[11], 1);
+      EXPECT_TRUE(fg.upper.empty());
+      ASSERT_TRUE(fg.upper_resident);
+      for (const Case& c : kCases) {
+        const Weight w(c.dtype, K, N, c.k_axis, 3);
+        const QuantSpec spec{c.bits, 64, c.zp};
+        SCOPED_TRACE(dtype_name(c.dtype) + " k_axis " + std::to_string(c.k_axis) + " bits " + std::to_string(c.bits) +
+                     (c.zp ? " zp" : " sym") + " lazy " + std::to_string(c.lazy));
+        QuantResult want, got;
+        cpu->gptq_quantize(w.m, spec, fc, options(c.lazy), want);
+        gpu->gptq_quantize(w.m, spec, fg, options(c.lazy), got);
+        expect_same(want, got);
+        if (c.k_axis == 1) {  // the CPU's factor, uploaded for the sweep
+          QuantResult from_host;
+          gpu->gptq_quantize(w.m, spec, fc, options(c.lazy), from_host);
+          expect_same(want, from_host);
+        }
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  EXPECT_FALSE(op(*gpu, "gptq_factor").host_fallback);
+  EXPECT_FALSE(op(*gpu, "gptq_quantize").host_fallback);
+  EXPECT_GT(op(*gpu, "gptq_quantize").launches, 0u);
+}
+
+// One block per channel (an 8-bit layer) and a scale type other than the data's (nibble-mode AWQ).
+TEST(GptqDevice, PerChannelBlocksAndFp16ScalesEqualTheCpu) {
+  const int64_t K = 160, N = 130;
+  const std::vector<double> gram = make_gram(K, 2 * K, 9, -1);
+  auto cpu = make_cpu_backend();
+  auto gpu = emulated();
+  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const Weight w(DType::kFloat32, K, N, 0, 4);
+  for (const QuantSpec& spec : {QuantSpec{8, K, false}, QuantSpec{4, 32, true, DType::kFloat16}}) {
+    QuantResult want, got;
+    cpu->gptq_quantize(w.m, spec, fc, options(128), want);
+    gpu->gptq_quantize(w.m, spec, fg, options(128), got);
+    expect_same(want, got);
+  }
+}
+
+// q, k and v read one activation: its Gram matrix goes up once, U never comes down, and each weight goes
+// up once (with its O(K) list of where blocks are fixed and the candidate ratios); only packed codes,
+// fp16 scales and the error sum come back.
+TEST(GptqDevice, SiblingsShareOneFactorOnTheDevice) {
+  const int64_t K = 256, N = 192, G = K / 64;
+  const std::vector<double> gram = make_gram(K, 2 * K, 5, 3);
+  auto cpu = make_cpu_backend();
+  auto gpu = emulated();
+  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const OpTransfers f = op(*gpu, "gptq_factor");
+  // The Gram matrix, and perm, positions (int64), energies (float) and dead flags for the kept factor.
+  EXPECT_EQ(f.h2d_bytes, uint64_t(K * K) * 8 + uint64_t(K) * (8 + 8 + 4 + 1));
+  EXPECT_EQ(f.d2h_bytes, 0u);
+  EXPECT_EQ(f.flops_fp64, uint64_t(K * K * K));
+  uint64_t weights = 0;
+  const GptqOptions opt = options(128);
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const Weight w(DType::kFloat16, K, N, 0, seed);
+    weights += w.bytes();
+    QuantResult want, got;
+    cpu->gptq_quantize(w.m, QuantSpec{4, 64, false}, fc, opt, want);
+    gpu->gptq_quantize(w.m, QuantSpec{4, 64, false}, fg, opt, got);
+    expect_same(want, got);
+    EXPECT_EQ(gpu->pack_onnx_codes(got, 4), cpu->pack_onnx(want.codes, 4));
+  }
+  const OpTransfers q = op(*gpu, "gptq_quantize");
+  EXPECT_EQ(q.calls, 3u);
+  EXPECT_EQ(q.h2d_bytes, weights + 3 * (uint64_t(K) * 4 + opt.ratios.size() * 4));
+  EXPECT_EQ(q.d2h_bytes, 3 * (uint64_t(K * N) / 2 + uint64_t(G * N) * 2 + 8));
+  EXPECT_EQ(q.flops, 3 * uint64_t(K * K * N));
+  EXPECT_EQ(gpu->transfer_ledger()->total.h2d_bytes, f.h2d_bytes + q.h2d_bytes);
+}
+
+// awq_gptq: W ⊙ s stays on the device after scale_weight_f32 and the sweep reads it there.
+TEST(GptqDevice, ReadsTheScaledWeightInPlace) {
+  const int64_t K = 192, N = 160;
+  const std::vector<double> gram = make_gram(K, 2 * K, 13, -1);
+  std::vector<float> s(static_cast<size_t>(K)), inv(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) s[size_t(k)] = 0.5f + 0.25f * float(k % 7), inv[size_t(k)] = 1.0f / s[size_t(k)];
+  const Weight w(DType::kFloat16, K, N, 0, 6);
+  auto cpu = make_cpu_backend();
+  auto gpu = emulated();
+  std::vector<uint8_t> cbuf, gbuf;
+  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
+  const WeightMatrix gs = gpu->scale_weight_f32_kept(w.m, s.data(), gbuf);
+  ASSERT_EQ(gs.data, nullptr);
+  QuantSpec spec{4, 32, true};
+  spec.scale_dtype = DType::kFloat16;
+  QuantResult want, got;
+  cpu->gptq_quantize(cs, spec, cpu->gptq_factor(gram.data(), K, inv.data(), 0.01, false), options(128), want);
+  gpu->gptq_quantize(gs, spec, gpu->gptq_factor(gram.data(), K, inv.data(), 0.01, false), options(128), got);
+  expect_same(want, got);
+  EXPECT_EQ(op(*gpu, "gptq_quantize").h2d_bytes, uint64_t(K) * 4 + 5 * 4);  // no weight: only the O(K) lists
+  EXPECT_FALSE(op(*gpu, "gptq_quantize").host_fallback);
+}
+
+// A budget that holds no K x K float64 matrix: the host factors, the device sweeps in 128-column panels
+// with that U uploaded once per weight. A budget too small for one chunk beside U: the host sweeps too,
+// U brought back from the device's factor. The same bits either way.
+TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
+  const int64_t K = 256, N = 300;
+  const std::vector<double> gram = make_gram(K, 2 * K, 17, -1);
+  const Weight w(DType::kFloat32, K, N, 0, 8);
+  const QuantSpec spec{4, 64, true};
+  auto cpu = make_cpu_backend();
+  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  QuantResult want;
+  cpu->gptq_quantize(w.m, spec, fc, options(128), want);
+
+  auto small = emulated(900 << 10);  // below K² · 12 bytes and a staging panel
+  const GptqFactor fs = small->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  EXPECT_TRUE(op(*small, "gptq_factor").host_fallback);
+  EXPECT_EQ(fs.upper, fc.upper);
+  QuantResult got;
+  small->gptq_quantize(w.m, spec, fs, options(128), got);
+  expect_same(want, got);
+  const OpTransfers q = op(*small, "gptq_quantize");
+  EXPECT_FALSE(q.host_fallback);
+  EXPECT_EQ(q.h2d_bytes, w.bytes() + uint64_t(K * K) * 4 + uint64_t(K) * (8 + 8 + 4 + 1 + 4) + 5 * 4);
+  EXPECT_LE(small->device_memory().peak, small->device_memory().budget);
+
+  auto tiny = emulated(200 << 10);  // not even U fits
+  QuantResult host;
+  tiny->gptq_quantize(w.m, spec, fc, options(128), host);
+  EXPECT_TRUE(op(*tiny, "gptq_quantize").host_fallback);
+  expect_same(want, host);
+
+  // A device factor, then too little left beside it for one chunk of the sweep (two Cholesky factors
+  // kept on the device hold the rest; lazy batches of K make each column's batch buffers larger): the
+  // host sweeps, with U brought back from the device.
+  auto held = emulated(1536 << 10);
+  const GptqFactor fd = held->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  ASSERT_TRUE(fd.upper_resident);
+  std::vector<GramFactor> holds;
+  for (int64_t k : {300, 260}) {
+    std::vector<double> eye(size_t(k * k), 0.0);
+    for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
+    holds.push_back(held->gram_cholesky_kept(eye.data(), k));
+    ASSERT_TRUE(holds.back().resident);
+  }
+  QuantResult want_k, back;
+  cpu->gptq_quantize(w.m, spec, fc, options(K), want_k);
+  held->gptq_quantize(w.m, spec, fd, options(K), back);
+  EXPECT_TRUE(op(*held, "gptq_quantize").host_fallback);
+  EXPECT_EQ(op(*held, "gptq_quantize").d2h_bytes, uint64_t(K * K) * 4);
+  expect_same(want_k, back);
+}

@@ -153,6 +153,7 @@ def test_corpus_splits_are_disjoint_and_deterministic():
     assert corpus.calibration_texts(4) == corpus.calibration_texts(4)
 
 
+@pytest.mark.slow  # under the sanitizers: tests/unit/test_device_streams.cc and test_device.py cover prefetch
 def test_emulated_device_prefetches_the_next_weight(nibble, model_dir, tmp_path):
     """rtn_dq (the default) on the emulated CUDA device writes the CPU's bytes, and its report's ledger shows
     the pipeline keeping weight i + 1 on the device before it quantizes weight i: every weight but the first

@@ -97,6 +97,13 @@ void write_json_file(const std::string& path, const nlohmann::json& report) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path p = fs::absolute(path);
+  // Not a file (/dev/null, /dev/stdout, a pipe): written in place. Renaming a temporary over it would
+  // replace the device node itself when run as root.
+  if (fs::exists(p, ec) && !fs::is_regular_file(p, ec) && !fs::is_directory(p, ec)) {
+    std::ofstream f(p);
+    if (!(f << report.dump(2) << "\n")) throw Error("cannot write report " + p.string());
+    return;
+  }
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
   const std::string tmp = p.string() + ".nibble-part";
   {

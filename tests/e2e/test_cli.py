@@ -113,3 +113,22 @@ def test_quiet(nibble, model_cache, tmp_path):
     _, src = model_cache.gemm()
     r = nibble.quantize(src, str(tmp_path / "model.onnx"), "--algo", "rtn_dq", "--quiet")
     assert r.stdout == "" and r.stderr == "", f"--quiet printed something\n{r.describe()}"
+
+
+def test_report_to_a_pipe_is_written_in_place(nibble, model_cache, tmp_path):
+    """--report naming something that is not a file (a FIFO here; /dev/null or /dev/stdout alike) is
+    written into it: a temporary renamed over it would replace the node itself."""
+    import json
+    import stat
+    import threading
+    _, src = model_cache.gemm()
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    got = {}
+    reader = threading.Thread(target=lambda: got.setdefault("text", open(fifo).read()))
+    reader.start()
+    nibble.quantize(src, str(tmp_path / "q" / "model.onnx"), "--algo", "rtn_dq", "--report", str(fifo))
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert json.loads(got["text"])["summary"]["bytes_quantized_out"] > 0
+    assert not os.path.exists(str(fifo) + ".nibble-part")

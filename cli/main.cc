@@ -246,7 +246,7 @@ CLI::App* add_eval_command(CLI::App& app, nibble::EvalOptions& eval_opts) {
 // and the flags calibration shares with the run are copied into its options.
 static void type_choices(const NamedChoices& c, nibble::QuantizeOptions& o) {
   o.algo = nibble::parse_algo(c.algo);
-  o.awq_mode = nibble::parse_awq_mode(c.awq_mode);
+  o.arithmetic = nibble::parse_awq_mode(c.awq_mode);
   if (!c.format.empty()) o.format = nibble::parse_format(c.format);
   o.device = nibble::parse_device(c.device);
   if (!c.device_memory.empty()) o.device_memory = nibble::parse_size(c.device_memory, "--device_memory");

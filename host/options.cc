@@ -29,7 +29,8 @@ constexpr std::pair<const char*, Algo> kAlgos[] = {
     {"rtn", Algo::kRtn},          {"rtn_dq", Algo::kRtnDq},     {"gptq", Algo::kGptq},
     {"awq_gptq", Algo::kAwqGptq}, {"rtn_search", Algo::kRtnSearch},
     {"hqq", Algo::kHqq}};
-constexpr std::pair<const char*, AwqMode> kModes[] = {{"nibble", AwqMode::kNibble}, {"modelopt", AwqMode::kModelopt}};
+constexpr std::pair<const char*, Arithmetic> kModes[] = {{"nibble", Arithmetic::kNibble},
+                                                         {"modelopt", Arithmetic::kModelOpt}};
 constexpr std::pair<const char*, Format> kFormats[] = {
     {"dq", Format::kDq}, {"qdq", Format::kQdq}, {"matmulnbits", Format::kMatMulNBits}};
 constexpr std::pair<const char*, kernels::Device> kDevices[] = {
@@ -48,7 +49,7 @@ constexpr std::pair<const char*, MixedStrategy> kStrategyNames[] = {
 }  // namespace
 
 Algo parse_algo(const std::string& s) { return parse_name(s, "--algo", kAlgos); }
-AwqMode parse_awq_mode(const std::string& s) { return parse_name(s, "--awq_mode", kModes); }
+Arithmetic parse_awq_mode(const std::string& s) { return parse_name(s, "--awq_mode", kModes); }
 Format parse_format(const std::string& s) { return parse_name(s, "--format", kFormats); }
 
 int parse_gather_axis(const std::string& s) {
@@ -59,7 +60,7 @@ int parse_gather_axis(const std::string& s) {
 kernels::Device parse_device(const std::string& s) { return parse_name(s, "--device", kDevices); }
 MixedStrategy parse_mixed_strategy(const std::string& s) { return parse_name(s, "--mixed_strategy", kStrategies); }
 const char* name_of(Algo a) { return name_in(a, kAlgos); }
-const char* name_of(AwqMode m) { return name_in(m, kModes); }
+const char* name_of(Arithmetic a) { return name_in(a, kModes); }
 const char* name_of(Format f) { return name_in(f, kFormats); }
 const char* name_of(kernels::Device d) { return name_in(d, kDevices); }
 const char* name_of(MixedStrategy m) { return name_in(m, kStrategyNames); }

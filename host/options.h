@@ -14,8 +14,9 @@
 namespace nibble {
 
 enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kHqq };
-// modelopt: ModelOpt's arithmetic and quirks, for bit-exact codes; nibble: its defects fixed.
-enum class AwqMode { kNibble, kModelopt };
+// Whose arithmetic the algorithms follow (--awq_mode): nibble's own, or ModelOpt 0.47's with its quirks,
+// for bit-exact codes (host/algo/modelopt_compat.h). host/algo/arithmetic.h is where the two part.
+enum class Arithmetic { kNibble, kModelOpt };
 enum class Format { kDq, kQdq, kMatMulNBits };
 // Who picks the INT8 weights: nobody (all INT4), ModelOpt's default rule, --layers_8bit, or nibble's
 // sensitivity measure.
@@ -48,7 +49,7 @@ struct QuantizeOptions {
   // nibble's own
   MixedStrategy mixed_strategy_flag = MixedStrategy::kNone;  // --mixed_strategy as given (kNone: absent)
   std::string mixed_budget;  // sensitivity: share of the weights at 8 bits (0..1) or an output size (300MB)
-  AwqMode awq_mode = AwqMode::kNibble;
+  Arithmetic arithmetic = Arithmetic::kNibble;  // --awq_mode
   kernels::Device device = kernels::Device::kAuto;
   uint64_t device_memory = 0;    // --device_memory in bytes; 0: free device memory less a margin (emulated: 1 GiB)
   std::optional<Format> format;  // absent: dq for rtn_dq and the AWQ algorithms, qdq for rtn
@@ -65,18 +66,11 @@ struct QuantizeOptions {
   bool verbose = false;
 
   Format resolved_format() const;
-  bool modelopt() const { return awq_mode == AwqMode::kModelopt; }
   // awq_lite, awq_full and awq_gptq search input scales s; awq_clip and awq_full search clip ratios;
   // gptq and awq_gptq quantize by GPTQ.
   bool searches_scales() const { return algo == Algo::kAwqLite || algo == Algo::kAwqFull || algo == Algo::kAwqGptq; }
   bool searches_clip() const { return algo == Algo::kAwqClip || algo == Algo::kAwqFull; }
   bool uses_gptq() const { return algo == Algo::kGptq || algo == Algo::kAwqGptq; }
-  // Symmetric rtn/rtn_dq in nibble mode: each block's scale by the least-squares search (rtn_lsq) on 2^b
-  // levels; in modelopt mode ModelOpt's 15-level grid. With a zero point both modes keep plain min/max
-  // RTN: the zero-point search measured worse perplexity than min/max (bench/RESULTS.md).
-  bool rtn_searches_scale() const {
-    return (algo == Algo::kRtn || algo == Algo::kRtnDq) && !modelopt() && !use_zero_point;
-  }
   // HQQ fits zero points: it writes them whatever --use_zero_point says.
   bool zero_point() const { return use_zero_point || algo == Algo::kHqq; }
   // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).
@@ -85,14 +79,14 @@ struct QuantizeOptions {
 
 // Names to enums (throw Error naming the flag and the choices) and back.
 Algo parse_algo(const std::string& s);
-AwqMode parse_awq_mode(const std::string& s);
+Arithmetic parse_awq_mode(const std::string& s);  // --awq_mode nibble|modelopt
 Format parse_format(const std::string& s);
 // --gather_quantize_axis: 0 or 1 (-2 / -1 count from the back of the 2-D table), one-line error otherwise.
 int parse_gather_axis(const std::string& s);
 kernels::Device parse_device(const std::string& s);
 MixedStrategy parse_mixed_strategy(const std::string& s);
 const char* name_of(Algo a);
-const char* name_of(AwqMode m);
+const char* name_of(Arithmetic a);
 const char* name_of(Format f);
 const char* name_of(kernels::Device d);
 const char* name_of(MixedStrategy m);  // "" for kNone

@@ -1,14 +1,9 @@
-// AWQ clip and AWQ full (the awq_lite scale search, then the clip search).
-//   modelopt  ModelOpt 0.47: every weight's ratios searched on ModelOpt's token sample (rows 0, step,
-//             2·step, ... of the concatenated calibration activations, step = T // 64, padding
-//             included), float32 per-block partial products, first strictly smaller loss; the final
-//             weight quantized symmetric with those ratios (awq_clip ignores --use_zero_point, awq_full
-//             with a zero point computes ratios that have no effect). awq_full searches on W ⊙ s* of
-//             the node's own search against the UNSCALED X, and quantizes W ⊙ s (siblings' mean).
-//   nibble    no token rows: the Gram matrix G = XᵀX of the one calibration pass (all tokens) gives
-//             each block's loss d_bᵀ G_bb d_b; awq_full searches what is really quantized (W ⊙ s against
-//             X ⊘ s: G scaled by 1/s on both sides). Ratio grid from --awqclip_alpha_step/_min, with
-//             both signs of the symmetric scale; --use_zero_point honoured (clip of [min, max]).
+// AWQ clip and AWQ full (the awq_lite scale search, then the clip search), nibble's: no token rows: the
+// Gram matrix G = XᵀX of the one calibration pass (all tokens) gives each block's loss d_bᵀ G_bb d_b;
+// awq_full searches what is really quantized (W ⊙ s against X ⊘ s: G scaled by 1/s on both sides).
+// Ratio grid from --awqclip_alpha_step/_min, with both signs of the symmetric scale; --use_zero_point
+// honoured (clip of [min, max]). ModelOpt's clip search is modelopt::TokenSampleClipSearch
+// (host/algo/modelopt_compat.h).
 #pragma once
 #include <map>
 #include <string>
@@ -23,40 +18,36 @@
 
 namespace nibble {
 
-// ModelOpt's max_tokens (int4.py _clip_search): the token sample modelopt mode asks calibration for.
-constexpr int64_t kClipMaxTokens = 64;
+// The clip ratio grid, ModelOpt's: [round(r, 2) for r in np.arange(alpha_min, 1.0, step)] + [1.0].
+std::vector<double> clip_ratio_grid(double step, double alpha_min);
 
-// ModelOpt's grid: [round(r, 2) for r in np.arange(alpha_min, 1.0, step)] + [1.0].
-std::vector<double> modelopt_clip_ratios(double step, double alpha_min);
-
-// What calibration must keep for the clip search: modelopt mode ModelOpt's token sample; nibble-mode
-// awq_clip only the block-diagonal of XᵀX (what its loss reads: ~K·B instead of K² per activation).
+// What calibration must keep for nibble's clip search: only the block-diagonal of XᵀX where that is
+// all its loss reads (~K·B instead of K² per activation).
 Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan);
 
-// awq_full in modelopt mode: each node's own scale s* (per_node) and the final scales (siblings'
-// mean with fuse on, as awq_lite_search gives them).
-void awq_full_modelopt_scales(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
-                              kernels::Backend& backend, std::map<std::string, AwqChoice>* per_node,
-                              std::map<std::string, AwqChoice>* final_scales);
-
+// A clip search: quantizes each weight with the clip ratios it searched (make_clip_search picks one).
 class ClipSearch {
  public:
-  ClipSearch(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
-
-  // modelopt mode: searches every weight of the plan now (on W ⊙ s* with per_node, else on W).
-  void search_modelopt(OnnxModel& model, const Plan& plan, const std::map<std::string, AwqChoice>* per_node);
-
+  virtual ~ClipSearch() = default;
   // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_full) into q. awq_scale: the
-  // s that W was multiplied by (nibble mode scales G by 1/s), or null.
+  // s that W was multiplied by, or null.
+  virtual void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
+                        const std::vector<float>* awq_scale, kernels::QuantResult& q) = 0;
+};
+
+// nibble's: each weight searched on the Gram matrix while it is quantized.
+class GramClipSearch : public ClipSearch {
+ public:
+  GramClipSearch(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
+
+  // With awq_scale, G is scaled by 1/s on both sides (the loss of W ⊙ s against X ⊘ s).
   void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
-                const std::vector<float>* awq_scale, kernels::QuantResult& q);
+                const std::vector<float>* awq_scale, kernels::QuantResult& q) override;
 
  private:
   const QuantizeOptions& o_;
   Calibration& calib_;
   kernels::Backend& backend_;
-  bool modelopt_;
-  std::map<std::string, std::vector<float>> ratios_;
 };
 
 }  // namespace nibble

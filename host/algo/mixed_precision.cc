@@ -9,6 +9,7 @@
 #include <numeric>
 #include <regex>
 
+#include "host/algo/arithmetic.h"
 #include "host/graph/rewrite.h"
 #include "host/text.h"
 #include "loaders/error.h"
@@ -264,7 +265,7 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
   e4->assign(plan.weights.size(), 0);
   e8->assign(plan.weights.size(), 0);
   for (const auto& [act, idx] : plan.siblings) {
-    const ActivationStats st = calib.stats(act, o.modelopt());
+    const ActivationStats st = calib.stats(act, /*numpy_mean=*/false);  // K and rows: either mean
     const std::vector<float> g32 = calib.gram_f32(act);
     kernels::GramForm g0;
     g0.K = st.K;
@@ -278,7 +279,7 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
       const kernels::WeightMatrix w = backend.keep(kernels::WeightMatrix{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}});
       std::vector<float> ones(size_t(pw.K()), 1.0f);
       const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
-      const std::vector<float>* clip = awq && !o.modelopt() ? &block_clip_ratios() : nullptr;
+      const std::vector<float>* clip = awq ? awq_quantizer_clip_ratios(o) : nullptr;
       kernels::QuantSpec s4{4, pw.resolved_block(), zp};
       kernels::QuantSpec s8{8, pw.K(), zp};
       (*e4)[i] = backend.awq_losses(w, {s}, s4, g, clip)[0] * double(pw.N());
@@ -451,7 +452,7 @@ void research_int8(OnnxModel& model, const Plan& plan, Calibration& calib, const
   if (sub.weights.empty()) return;
   for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
   spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
-  auto again = awq_lite_search(model, sub, calib, o, o.modelopt(), backend);
+  auto again = search_awq_scales(model, sub, calib, o, backend);
   for (auto& [name, c] : again) (*choices)[name] = std::move(c);
 }
 

@@ -45,14 +45,7 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
     p.buffer = backend.divide_columns(p.w, divisor->data());
     p.w.data = p.buffer.data();
   }
-  if (o.modelopt()) {
-    p.buffer = backend.scale_weight(p.w, s->data());
-  } else {  // nibble: W ⊙ s in fp32, scales rounded to the weight dtype; left on a device backend
-    p.w = backend.scale_weight_f32_kept(p.w, s->data(), p.buffer);
-    p.spec.scale_dtype = pw.dtype;
-    return p;
-  }
-  p.w.data = p.buffer.data();
+  p.w = scale_by_awq(o, pw, p.w, s->data(), backend, p.buffer, &p.spec);
   return p;
 }
 
@@ -103,14 +96,10 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     kernels::HqqOptions h;
     h.float_zero_point = float_zp;
     backend.hqq(p.w, p.spec, h, q);
-  } else if (o.rtn_searches_scale()) {
+  } else if (rtn_searches_scale(o)) {
     backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
-  } else if (s && !o.modelopt()) {
-    // nibble mode: each block picks its clip ratio by the activation-weighted error, the weight of
-    // input channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
-    const ActivationStats st = searched.calib->stats(pw.activation, false);
-    const std::vector<float> energy = backend.channel_energy(st.gram, st.K, s->data());
-    backend.rtn_weighted(p.w, p.spec, energy.data(), block_clip_ratios(), q);
+  } else if (s) {
+    quantize_awq_scaled(o, pw, p.w, p.spec, *s, *searched.calib, backend, q);
   } else {
     backend.rtn(p.w, p.spec, q);
   }
@@ -133,22 +122,14 @@ nlohmann::json weight_entry(const PlannedWeight& pw, const kernels::QuantSpec& s
           {"seconds", secs}};
 }
 
-// An embedding table: no activations reach it, so no AWQ, clip search or GPTQ. ModelOpt's mode
-// rounds to nearest on its grid (symmetric unless awq_lite with a zero point, as ModelOpt does);
-// nibble's picks each block's clip ratio by the weight error, as rtn_search does.
+// An embedding table: no activations reach it, so no AWQ, clip search or GPTQ (quantize_gather).
 void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight& pw, GraphRewriter& rewriter,
                  kernels::Backend& backend, Emitted& e) {
   const auto tw = std::chrono::steady_clock::now();
   TensorView v = model.view(*model.initializer(pw.weight));
-  const bool zp = o.use_zero_point && (!o.modelopt() || o.algo == Algo::kAwqLite);
-  const Prepared p = prepare(o, pw, v.data, nullptr, nullptr, zp, backend);
+  const Prepared p = prepare(o, pw, v.data, nullptr, nullptr, gather_zero_point(o), backend);
   kernels::QuantResult q;
-  if (o.modelopt()) {
-    backend.rtn(p.w, p.spec, q);
-  } else {
-    const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
-    backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
-  }
+  quantize_gather(o, pw, p.w, p.spec, backend, q);
   validate_result(pw, q);
   uint64_t bytes = 0;
   const Format used = rewriter.emit(pw, p.spec, q, &bytes);
@@ -232,8 +213,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   if (o.algo == Algo::kHqq && planned.format == Format::kMatMulNBits && n_int8)
     spdlog::info("--algo hqq: the {} INT8 layers keep integer zero points (ONNX Runtime's MatMulNBits takes float "
                  "zero points at 4 bits only)", n_int8);
-  // ModelOpt's awq_clip writes symmetric INT4 whatever --use_zero_point says.
-  e.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());
+  e.zero_point = writes_zero_point(o);
   std::map<std::string, std::vector<float>> scales, column_divisors;
   for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
   if (o.searches_scales())

@@ -45,7 +45,7 @@ nlohmann::json measure_group(const QuantizeOptions& o, OnnxModel& model, const P
   CalibrationOptions copt = o.calib;
   copt.calib_cache.clear();
   Searched s;
-  s.calib = Calibration::run(copt, model.path(), activation_requests(sub.plan), /*mask_padding=*/!o.modelopt(),
+  s.calib = Calibration::run(copt, model.path(), activation_requests(sub.plan), /*mask_padding=*/masks_padding(o),
                              extras);
   const bool awq = o.searches_scales();
   if (awq) search_scales(o, model, sub.plan, backend, s);

@@ -115,7 +115,7 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
     return e;
   }
   const std::vector<Calibration::Request> acts = activation_requests(sub.plan);
-  Calibration::Extras extras = clip_calibration(o, sub.plan);
+  Calibration::Extras extras = search_calibration(o, sub.plan);
   extras.layer_state = (state_path(o) / "boundary").string();
   extras.layer_groups = groups_file;
   extras.layer = int(g);
@@ -130,7 +130,7 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
-  s.calib = Calibration::run(copt, model.path(), acts, /*mask_padding=*/!o.modelopt(), extras);
+  s.calib = Calibration::run(copt, model.path(), acts, /*mask_padding=*/masks_padding(o), extras);
   s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   search_calibrated(o, model, sub, backend, s);
   save_scales(o, g, s);
@@ -295,7 +295,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
     if (g > 0) drop_effective(o, g - 1);
   }
-  total.zero_point = o.zero_point() && !(o.algo == Algo::kAwqClip && o.modelopt());  // as emit_stage says
+  total.zero_point = writes_zero_point(o);  // as emit_stage says
   return total;
 }
 

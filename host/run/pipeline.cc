@@ -20,13 +20,7 @@ void warn_inert_flags(const QuantizeOptions& o) {
   if (o.gather_block_size != 32 && !o.gather_quantize_axis)
     spdlog::warn("--gather_block_size {}: no effect without --gather_quantize_axis (as in ModelOpt, the axis "
                  "turns Gather quantization on): embeddings stay float", o.gather_block_size);
-  if (lite && o.modelopt() && !o.awqlite_run_per_subgraph && o.awqlite_alpha_step != 0.1)
-    spdlog::warn("--awqlite_alpha_step {}: no effect with --awq_mode modelopt: ModelOpt's per-node search uses "
-                 "its fixed grid 0, 0.1, ..., 1 (--awq_mode nibble and --awqlite_run_per_subgraph honour it)",
-                 o.awqlite_alpha_step);
-  if (clip && !o.modelopt() && o.awqclip_bsz_col != 1024)
-    spdlog::warn("--awqclip_bsz_col {}: no effect with --awq_mode nibble: its clip search works on the Gram "
-                 "matrix, with no column chunks", o.awqclip_bsz_col);
+  warn_inert_arithmetic_flags(o);
   if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
     spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", o.gptq_percdamp,
                  name_of(o.algo));
@@ -83,19 +77,7 @@ void validate_options(const QuantizeOptions& o) {
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
   if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
-  if (o.algo == Algo::kRtnSearch && o.modelopt())
-    throw Error("--algo rtn_search --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
-  if (o.algo == Algo::kHqq && o.modelopt())
-    throw Error("--algo hqq --awq_mode modelopt: ModelOpt has no HQQ (use --awq_mode nibble)");
-  if (o.uses_gptq() && o.modelopt())
-    throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "
-                "no arithmetic of its to reproduce (use --awq_mode nibble)");
-  if (o.awqlite_run_per_subgraph && o.modelopt() && o.algo == Algo::kAwqFull)
-    throw Error("--awqlite_run_per_subgraph with --algo awq_full --awq_mode modelopt: ModelOpt refuses the "
-                "per-subgraph search with the clip search (use --awq_mode nibble)");
-  if (o.awqlite_run_per_subgraph && o.modelopt() && mixed_enabled(o) && o.searches_scales())
-    throw Error("--awqlite_run_per_subgraph --awq_mode modelopt: ModelOpt refuses the per-subgraph search with "
-                "mixed precision (use --awq_mode nibble)");
+  check_arithmetic(o);
   const int64_t gb = o.gather_block_size;
   if (o.gather_quantize_axis && (gb < 16 || (gb & (gb - 1)) != 0))
     throw Error("--gather_block_size " + std::to_string(gb) + " must be a power of two >= 16 (GatherBlockQuantized "

@@ -49,7 +49,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"calib_cache", o.calib.calib_cache},
           {"mixed_strategy", name_of(o.mixed_strategy_flag)},
           {"mixed_budget", o.mixed_budget},
-          {"awq_mode", name_of(o.awq_mode)},
+          {"awq_mode", name_of(o.arithmetic)},
           {"device", name_of(o.device)},
           {"device_memory", o.device_memory},
           {"format", o.format ? name_of(*o.format) : ""},

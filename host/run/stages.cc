@@ -73,10 +73,7 @@ Planned plan_stage(const QuantizeOptions& o, OnnxModel& model) {
 
 void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan, kernels::Backend& backend,
                    Searched& s) {
-  if (o.searches_clip() && o.modelopt())
-    awq_full_modelopt_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.choices);
-  else
-    s.choices = awq_lite_search(model, plan, *s.calib, o, o.modelopt(), backend);
+  s.choices = search_awq_scales(model, plan, *s.calib, o, backend, &s.per_node);
 }
 
 bool needs_calibration(const QuantizeOptions& o) {
@@ -94,9 +91,9 @@ Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& plann
   std::vector<Calibration::Request> acts;
   for (const auto& [act, idx] : plan.siblings) acts.push_back({act, plan.weights[idx[0]].K()});
   const auto tc = std::chrono::steady_clock::now();
-  Calibration::Extras extras = clip_calibration(o, plan);
+  Calibration::Extras extras = search_calibration(o, plan);
   if (o.uses_gptq()) extras.budget_mb = kGptqCalibrationBudgetMb;
-  s.calib = Calibration::run(o.calib, model.path(), acts, /*mask_padding=*/!o.modelopt(), extras);
+  s.calib = Calibration::run(o.calib, model.path(), acts, /*mask_padding=*/masks_padding(o), extras);
   s.calibrate_seconds = seconds_since(tc);
   spdlog::info("calibration: {} tokens, {} activations, {:.1f} s", s.calib->tokens(), acts.size(), s.calibrate_seconds);
   search_calibrated(o, model, planned, backend, s);
@@ -112,17 +109,15 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
   // pick, then the INT8 weights' inputs are searched again, as the whole-model pass does after its pick.
   const bool picked = mixed_needs_calibration(o) && planned.mixed.picked;
   if (awq) search_scales(o, model, picked ? at_four_bits(plan, o.block_size) : plan, backend, s);
-  if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.awq_mode), seconds_since(ts));
+  if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(ts));
   if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices);
   if (mixed_needs_calibration(o) && !picked)
     apply_sensitivity_mixed(model, plan, *s.calib, o, planned.format, backend, awq ? &s.choices : nullptr,
                             &planned.mixed);
   if (clip) {
     const auto tk = std::chrono::steady_clock::now();
-    s.clipper = std::make_unique<ClipSearch>(o, *s.calib, backend);
-    if (o.modelopt()) s.clipper->search_modelopt(model, plan, awq ? &s.per_node : nullptr);
-    spdlog::info("clip search ({} mode): {:.1f} s{}", name_of(o.awq_mode), seconds_since(tk),
-                 o.modelopt() ? "" : " (searched while quantizing)");
+    s.clipper = make_clip_search(o, *s.calib, backend, model, plan, awq ? &s.per_node : nullptr);
+    spdlog::info("clip search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(tk));
   }
   if (o.uses_gptq()) s.gptq = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
   s.search_seconds = seconds_since(ts);

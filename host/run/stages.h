@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "calib/calibration.h"
+#include "host/algo/arithmetic.h"
 #include "host/algo/awq.h"
 #include "host/algo/awq_clip.h"
 #include "host/algo/gptq.h"
@@ -63,7 +64,7 @@ struct Searched {
 // Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).
 bool needs_calibration(const QuantizeOptions& o);
 Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend);
-// AWQ's scale search of the plan's weights on s.calib (awq_lite's, or awq_full's in modelopt mode) into
+// AWQ's scale search of the plan's weights on s.calib (search_awq_scales) into
 // s.choices (and s.per_node).
 void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan, kernels::Backend& backend,
                    Searched& s);

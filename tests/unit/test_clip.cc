@@ -29,12 +29,12 @@ std::vector<float> random_weight(int64_t n, uint32_t seed) {
 
 TEST(Clip, ModelOptRatioGrid) {
   // [round(r, 2) for r in np.arange(0.5, 1.0, 0.05)] + [1.0]
-  const auto r = modelopt_clip_ratios(0.05, 0.5);
+  const auto r = clip_ratio_grid(0.05, 0.5);
   const std::vector<double> want = {0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0};
   ASSERT_EQ(r, want);
   // np.arange(0.3, 1.0, 0.1) -> 0.3 .. 0.9 (7 values, 0.3+6*0.1 = 0.8999999999999999)
-  EXPECT_EQ(modelopt_clip_ratios(0.1, 0.3).size(), 8u);
-  EXPECT_EQ(modelopt_clip_ratios(0.5, 1.0), std::vector<double>{1.0});
+  EXPECT_EQ(clip_ratio_grid(0.1, 0.3).size(), 8u);
+  EXPECT_EQ(clip_ratio_grid(0.5, 1.0), std::vector<double>{1.0});
 }
 
 TEST(Clip, IdentityGramEqualsUnitWeightedSearch) {
@@ -80,9 +80,9 @@ TEST(Clip, RatiosOfOneAreRtnAndThreadsDoNotMatter) {
   std::vector<float> x(size_t(64 * K));
   for (auto& v : x) v = d(rng);
   set_num_threads(1);
-  const auto r1 = clip_search_modelopt(m, spec, x.data(), 64, modelopt_clip_ratios(0.05, 0.5));
+  const auto r1 = clip_search_modelopt(m, spec, x.data(), 64, clip_ratio_grid(0.05, 0.5));
   set_num_threads(3);
-  const auto r3 = clip_search_modelopt(m, spec, x.data(), 64, modelopt_clip_ratios(0.05, 0.5));
+  const auto r3 = clip_search_modelopt(m, spec, x.data(), 64, clip_ratio_grid(0.05, 0.5));
   set_num_threads(0);
   EXPECT_EQ(r1, r3);
   int clipped = 0;

@@ -1,0 +1,85 @@
+// The pieces nibble's AWQ search (awq.cc) and ModelOpt's (modelopt_compat.cc) share: a weight as the
+// backend reads it, the Gram cache, the loss bookkeeping.
+#pragma once
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "calib/calibration.h"
+#include "host/graph/plan.h"
+#include "host/options.h"
+#include "kernels/backend.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble::awq_parts {
+
+struct Loaded {
+  TensorView view;
+  kernels::WeightMatrix w;
+};
+
+inline Loaded load(OnnxModel& model, const PlannedWeight& pw) {
+  Loaded l;
+  l.view = model.view(*model.initializer(pw.weight));
+  l.w = kernels::WeightMatrix{pw.dtype, l.view.data, pw.rows, pw.cols, pw.k_axis, {}};
+  return l;
+}
+
+inline std::vector<const float*> pointers(const std::vector<std::vector<float>>& v) {
+  std::vector<const float*> p;
+  for (const auto& x : v) p.push_back(x.data());
+  return p;
+}
+
+// The Gram matrix of the activation as fp32 for sgemm, converted once per activation; in nibble mode
+// also its Cholesky factor (the loss then costs one triangular product, half a GEMM).
+class GramCache {
+ public:
+  GramCache(kernels::Backend& backend, bool cholesky) : backend_(backend), cholesky_(cholesky) {}
+
+  // The activation's statistics and its Gram matrix in the form the loss reads.
+  kernels::GramForm get(Calibration& calib, const std::string& act, bool numpy_mean, ActivationStats* stats) {
+    *stats = calib.stats(act, numpy_mean);
+    if (act != name_) {
+      // Kept where the backend computes it (a device keeps U for the sibling weights that read it).
+      factor_ = cholesky_ ? backend_.gram_cholesky_kept(stats->gram, stats->K) : kernels::GramFactor{};
+      if (cholesky_ && !factor_.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
+      g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
+      name_ = act;
+    }
+    return kernels::GramForm{stats->K, stats->rows, g32_.data(), factor_.host.empty() ? nullptr : factor_.host.data(),
+                             factor_.resident};
+  }
+
+ private:
+  kernels::Backend& backend_;
+  bool cholesky_;
+  std::string name_;
+  std::vector<float> g32_;
+  kernels::GramFactor factor_;
+};
+
+inline kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {
+  kernels::QuantSpec s;
+  s.bits = pw.bits;
+  s.block = pw.resolved_block();
+  s.zero_point = o.use_zero_point;
+  return s;
+}
+
+inline int first_min(const std::vector<double>& v) {
+  int best = 0;
+  for (int i = 1; i < int(v.size()); ++i)
+    if (v[size_t(i)] < v[size_t(best)]) best = i;
+  return best;
+}
+
+inline std::string fmt_losses(const std::vector<double>& l, int best) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "loss %.4g (alpha 0: %.4g)", l[size_t(best)], l[0]);
+  return buf;
+}
+
+}  // namespace nibble::awq_parts

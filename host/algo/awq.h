@@ -12,6 +12,7 @@
 
 #include "calib/calibration.h"
 #include "host/options.h"
+#include "host/algo/kept_weights.h"
 #include "host/graph/plan.h"
 #include "kernels/backend.h"
 #include "loaders/onnx_model.h"
@@ -28,10 +29,11 @@ struct AwqChoice {
 void average_sibling_scales_modelopt(const Plan& plan, kernels::Backend& backend,
                                      std::map<std::string, AwqChoice>* choices);
 
-// Searches every weight of the plan, in ModelOpt's arithmetic or nibble's.
+// Searches every weight of the plan, in ModelOpt's arithmetic or nibble's. nibble's search leaves the
+// weights it read in `kept` (when given) for the quantizer.
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                  const QuantizeOptions& options, bool modelopt,
-                                                 kernels::Backend& backend);
+                                                 kernels::Backend& backend, KeptWeights* kept = nullptr);
 
 // Clip ratios a block may choose from in nibble mode (with either sign of the scale).
 const std::vector<float>& block_clip_ratios();

@@ -32,10 +32,12 @@ struct Prepared {
   std::vector<uint8_t> buffer;
 };
 
-Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* data, const std::vector<float>* s,
-                 const std::vector<float>* divisor, bool zero_point, kernels::Backend& backend) {
+// `w` may carry the backend's kept copy of the weight (KeptWeights): then nothing uploads it again.
+Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,
+                 const std::vector<float>* s, const std::vector<float>* divisor, bool zero_point,
+                 kernels::Backend& backend) {
   Prepared p;
-  p.w = kernels::WeightMatrix{pw.dtype, data, pw.rows, pw.cols, pw.k_axis, {}};
+  p.w = w;
   p.spec.bits = pw.bits;
   p.spec.block = pw.resolved_block();
   p.spec.zero_point = zero_point;
@@ -43,6 +45,7 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
   if (divisor) {
     p.buffer = backend.divide_columns(p.w, divisor->data());
     p.w.data = p.buffer.data();
+    p.w.resident.reset();  // the kept copy is W, not W with divided columns
   }
   if (o.modelopt()) {
     p.buffer = backend.scale_weight(p.w, s->data());
@@ -52,6 +55,7 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
     return p;
   }
   p.w.data = p.buffer.data();
+  p.w.resident.reset();
   return p;
 }
 
@@ -140,7 +144,8 @@ void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight
   const auto tw = std::chrono::steady_clock::now();
   TensorView v = model.view(*model.initializer(pw.weight));
   const bool zp = o.use_zero_point && (!o.modelopt() || o.algo == Algo::kAwqLite);
-  const Prepared p = prepare(o, pw, v.data, nullptr, nullptr, zp, backend);
+  const Prepared p = prepare(o, pw, kernels::WeightMatrix{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}}, nullptr,
+                             nullptr, zp, backend);
   kernels::QuantResult q;
   if (o.modelopt()) {
     backend.rtn(p.w, p.spec, q);
@@ -229,8 +234,9 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     const auto s = scales.find(pw.weight);
     const std::vector<float>* sp = s == scales.end() ? nullptr : &s->second;
     const auto cd = column_divisors.find(pw.weight);
-    const Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
-                               backend);
+    // The copy an earlier stage left on the device (taken: freed once this weight is quantized).
+    const Prepared p = prepare(o, pw, searched.kept.take(pw, v.data), sp,
+                               cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point, backend);
     const bool float_zp = float_zero_points(o, pw, rewriter);
     const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zp, backend);
     if (searched.on_quantized && !searched.replay)

@@ -76,7 +76,7 @@ void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan,
   if (o.searches_clip() && o.modelopt())
     awq_full_modelopt_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.choices);
   else
-    s.choices = awq_lite_search(model, plan, *s.calib, o, o.modelopt(), backend);
+    s.choices = awq_lite_search(model, plan, *s.calib, o, o.modelopt(), backend, &s.kept);
 }
 
 bool needs_calibration(const QuantizeOptions& o) {
@@ -113,10 +113,10 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
   const bool picked = mixed_needs_calibration(o) && planned.mixed.picked;
   if (awq) search_scales(o, model, picked ? at_four_bits(plan, o.block_size) : plan, backend, s);
   if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.awq_mode), seconds_since(ts));
-  if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices);
+  if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices, &s.kept);
   if (mixed_needs_calibration(o) && !picked)
     apply_sensitivity_mixed(model, plan, *s.calib, o, planned.format, backend, awq ? &s.choices : nullptr,
-                            &planned.mixed);
+                            &planned.mixed, &s.kept);
   if (clip) {
     const auto tk = std::chrono::steady_clock::now();
     s.clipper = std::make_unique<ClipSearch>(o, *s.calib, backend);

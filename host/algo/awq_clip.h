@@ -57,6 +57,9 @@ class ClipSearch {
   kernels::Backend& backend_;
   bool modelopt_;
   std::map<std::string, std::vector<float>> ratios_;
+  // nibble: the Gram blocks of the activation last read, kept on a device backend for its sibling weights.
+  std::string blocks_of_;
+  std::shared_ptr<const kernels::Resident> kept_blocks_;
 };
 
 }  // namespace nibble

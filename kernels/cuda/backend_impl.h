@@ -71,6 +71,7 @@ class CudaBackend final : public Backend {
   WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
   GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
   GramForm keep_gram(const GramForm& g) override;
+  std::shared_ptr<const Resident> keep_gram_blocks(const double* blocks, int64_t K, int64_t B) override;
 
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,

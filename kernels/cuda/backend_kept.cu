@@ -68,6 +68,18 @@ GramForm CudaBackend::keep_gram(const GramForm& g) {
   return out;
 }
 
+std::shared_ptr<const Resident> CudaBackend::keep_gram_blocks(const double* blocks, int64_t K, int64_t B) {
+  const OpScope op(*dev_, "keep_gram_blocks");
+  const uint64_t n = uint64_t(num_blocks(K, B)) * uint64_t(B) * uint64_t(B);
+  // A quarter of the budget at most: the clip search's panels need the rest (else each weight uploads them).
+  if (dev_->in_use_live() + n * 8 + kSlack > dev_->budget() / 4) return {};
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(n) * 8);
+  upload_f64(reinterpret_cast<double*>(a->data.get()), blocks, size_t(n));
+  return a;
+}
+
 WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
   const int64_t n = w.rows * w.cols;
   const uint64_t in_bytes = kept(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);

@@ -232,10 +232,12 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
   // Only the diagonal blocks are read: [G, B, B] on the device, the last one zero-padded.
   DeviceBuffer<float> gb(*dev_, size_t(G * B * B));
   {
-    DeviceBuffer<double> src(*dev_, size_t(G * B * B));
-    if (gram_block) {
+    const double* kept_src = gram_block ? reinterpret_cast<const double*>(kept(opt.kept_blocks)) : nullptr;
+    // Kept on the device for the activation's sibling weights, else uploaded for this weight.
+    DeviceBuffer<double> src(*dev_, kept_src ? 0 : size_t(G * B * B));
+    if (!kept_src && gram_block) {
       upload_f64(src.get(), gram, src.size());  // float32 on the bus where that is exact
-    } else {
+    } else if (!kept_src) {
       dev_->fill_zero(src.get(), src.bytes());
       for (int64_t g = 0; g < G; ++g) {
         const int64_t k0 = g * B, kn = std::min(K, k0 + B) - k0;
@@ -244,7 +246,7 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
       }
     }
     const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();
-    launch(*dev_, G * B * B, GramBlocksBody{src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
+    launch(*dev_, G * B * B, GramBlocksBody{kept_src ? kept_src : src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
     dev_->synchronize();
   }
   const DeviceBuffer<float> r_d = upload(ratios.data(), ratios.size());

@@ -197,3 +197,54 @@ TEST(TransferLedger, KeptGramIsReadInPlace) {
   auto cpu = make_cpu_backend();
   EXPECT_FALSE(cpu->keep_gram(host_form).gram_resident);
 }
+
+// A Gram matrix whose values float32 holds exactly (the calibration accumulates XᵀX in float32) goes up as
+// float32 for the factorisation, half its float64 bytes, and gives the CPU's factor bit for bit; one that
+// float32 does not hold goes up as float64, also the CPU's factor.
+TEST(TransferLedger, CholeskyGramGoesUpAsFloat32WhereExact) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d;
+  std::vector<float> g32(size_t(K * K));
+  for (int64_t i = 0; i < K; ++i)  // symmetric, dominant diagonal
+    for (int64_t j = 0; j <= i; ++j) g32[size_t(i * K + j)] = g32[size_t(j * K + i)] = i == j ? 50.0f + d(rng) : 0.1f * d(rng);
+  auto cpu = make_cpu_backend();
+  for (const bool exact : {true, false}) {
+    std::vector<double> gram(g32.begin(), g32.end());
+    if (!exact) gram[size_t(3 * K + 3)] += 1e-12;  // one value float32 cannot hold
+    auto gpu = emulated();
+    const std::vector<float> got = gpu->gram_cholesky_upper(gram.data(), K);
+    EXPECT_EQ(got, cpu->gram_cholesky_upper(gram.data(), K)) << "exact " << exact;
+    EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * (exact ? 4 : 8)) << "exact " << exact;
+  }
+}
+
+// awq_clip's Gram blocks kept for the sibling weights of one activation (keep_gram_blocks): uploaded once,
+// as float32 where exact, and every clip search that reads them gives the codes it gives with the host's.
+TEST(TransferLedger, KeptGramBlocksAreUploadedOnce) {
+  const Fp16Weight w;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d;
+  std::vector<double> blocks(size_t(G * kBlock * kBlock));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < kBlock; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        const float v = i == j ? 20.0f + d(rng) : 0.1f * d(rng);
+        blocks[size_t((g * kBlock + i) * kBlock + j)] = blocks[size_t((g * kBlock + j) * kBlock + i)] = v;
+      }
+  const QuantSpec spec{4, kBlock, false};
+  GramClipOptions opt;
+  opt.ratios = {1.0f, 0.9f, 0.8f};
+  QuantResult want, got;
+  make_cpu_backend()->clip_quantize_gram(w.m, spec, blocks.data(), kBlock, nullptr, opt, want);
+  auto gpu = emulated();
+  opt.kept_blocks = gpu->keep_gram_blocks(blocks.data(), K, kBlock);
+  ASSERT_TRUE(opt.kept_blocks);
+  EXPECT_EQ(op(*gpu, "keep_gram_blocks").h2d_bytes, blocks.size() * 4);
+  for (int rep = 0; rep < 2; ++rep) {
+    gpu->clip_quantize_gram(w.m, spec, blocks.data(), kBlock, nullptr, opt, got);
+    expect_same(want, got);
+  }
+  // Per weight only the weight and the candidate ratios go up.
+  EXPECT_EQ(op(*gpu, "clip_quantize_gram").h2d_bytes, 2 * (w.bytes() + opt.ratios.size() * 4));
+  EXPECT_FALSE(make_cpu_backend()->keep_gram_blocks(blocks.data(), K, kBlock));
+}

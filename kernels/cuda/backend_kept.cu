@@ -83,7 +83,9 @@ std::shared_ptr<const Resident> CudaBackend::keep_gram_blocks(const double* bloc
 WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
   const int64_t n = w.rows * w.cols;
   const uint64_t in_bytes = kept(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
-  if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 2)
+  // Beside what is held (the weights a whole-model search keeps for the quantizer, up to half the budget), with
+  // a quarter of the budget left for the quantizer's panels.
+  if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 4 * 3)
     return Backend::scale_weight_f32_kept(w, s, host);  // streams in row panels through the host
   const OpScope op(*dev_, "scale_weight_f32");
   dev_->count_flops(double(n));

@@ -248,3 +248,28 @@ TEST(TransferLedger, KeptGramBlocksAreUploadedOnce) {
   EXPECT_EQ(op(*gpu, "clip_quantize_gram").h2d_bytes, 2 * (w.bytes() + opt.ratios.size() * 4));
   EXPECT_FALSE(make_cpu_backend()->keep_gram_blocks(blocks.data(), K, kBlock));
 }
+
+// W ⊙ s from the copy the search kept: only s goes up, even beside the other weights a whole-model search
+// holds for the quantizer (here three weights, more than a quarter of the budget, below half of it).
+TEST(TransferLedger, ScaledKeptWeightUploadsOnlyTheScale) {
+  const Fp16Weight w;
+  std::vector<float> s(static_cast<size_t>(K)), energy(static_cast<size_t>(K), 1.0f);
+  for (int64_t k = 0; k < K; ++k) s[size_t(k)] = 0.5f + float(k % 7) * 0.25f;
+  auto gpu = emulated(512 << 10);
+  std::vector<WeightMatrix> held;
+  for (int i = 0; i < 3; ++i) held.push_back(gpu->keep(w.m));
+  for (const auto& h : held) ASSERT_TRUE(h.resident);
+  std::vector<uint8_t> gbuf, cbuf;
+  const WeightMatrix gs = gpu->scale_weight_f32_kept(held[0], s.data(), gbuf);
+  EXPECT_EQ(gs.data, nullptr);
+  EXPECT_EQ(op(*gpu, "scale_weight_f32").h2d_bytes, uint64_t(K) * 4);
+  EXPECT_EQ(op(*gpu, "scale_weight_f32").d2h_bytes, 0u);
+  auto cpu = make_cpu_backend();
+  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
+  QuantSpec spec{4, kBlock, false};
+  spec.scale_dtype = DType::kFloat16;
+  QuantResult a, b;
+  gpu->rtn_weighted(gs, spec, energy.data(), {1.0f, 0.9f}, a);
+  cpu->rtn_weighted(cs, spec, energy.data(), {1.0f, 0.9f}, b);
+  expect_same(a, b);
+}

@@ -13,11 +13,16 @@ kernels::WeightMatrix KeptWeights::get(kernels::Backend& backend, const PlannedW
   kernels::WeightMatrix w = view_of(pw, data);
   const auto it = kept_.find(pw.weight);
   if (it != kept_.end()) {
-    w.resident = it->second;
+    w.resident = it->second.copy;
     return w;
   }
   w = backend.keep(w);
-  if (w.resident) kept_[pw.weight] = w.resident;  // a backend that did not keep it is asked again next time
+  const uint64_t bytes = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+  // A backend that did not keep it is asked again next time.
+  if (w.resident && held_bytes_ + bytes <= backend.device_memory().budget / 4) {
+    kept_[pw.weight] = Held{w.resident, bytes};
+    held_bytes_ += bytes;
+  }
   return w;
 }
 
@@ -25,7 +30,8 @@ kernels::WeightMatrix KeptWeights::take(const PlannedWeight& pw, const void* dat
   kernels::WeightMatrix w = view_of(pw, data);
   const auto it = kept_.find(pw.weight);
   if (it == kept_.end()) return w;
-  w.resident = std::move(it->second);
+  w.resident = std::move(it->second.copy);
+  held_bytes_ -= it->second.bytes;
   kept_.erase(it);
   return w;
 }

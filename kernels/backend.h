@@ -40,6 +40,9 @@ struct GramFactor {
 struct GramClipOptions {
   std::vector<float> ratios;
   bool both_signs = true;  // symmetric: also try the negated scale (the extreme on code -2^(b-1))
+  // The block-diagonal as keep_gram_blocks kept it on the backend (read there instead of `gram`), shared
+  // by the sibling weights that read one activation.
+  std::shared_ptr<const Resident> kept_blocks{};
 };
 
 // GPTQ's inverse-Hessian factor of one activation (gptq_factor): what every weight reading that
@@ -150,6 +153,12 @@ class Backend {
   // The float32 Gram matrix put on the backend for the GEMM form of awq_losses (no factor): every loss
   // given the returned form reads the backend's copy. The CPU (or a device it does not fit) returns g.
   virtual GramForm keep_gram(const GramForm& g) { return g; }
+  // The Gram matrix's block-diagonal [ceil(K/B), B, B] (float64, as clip_quantize_gram reads it with
+  // gram_block = B) kept on a device backend for the sibling weights of one activation (null: not kept).
+  virtual std::shared_ptr<const Resident> keep_gram_blocks(const double* blocks, int64_t K, int64_t B) {
+    (void)blocks, (void)K, (void)B;
+    return {};
+  }
 
   // ---- Round to nearest (rtn_ref.h)
   // Plain RTN of one weight, ModelOpt's formulas.

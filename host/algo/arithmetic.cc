@@ -47,7 +47,7 @@ Calibration::Extras search_calibration(const QuantizeOptions& o, const Plan& pla
 
 std::map<std::string, AwqChoice> search_awq_scales(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                    const QuantizeOptions& o, kernels::Backend& backend,
-                                                   std::map<std::string, AwqChoice>* per_node) {
+                                                   std::map<std::string, AwqChoice>* per_node, KeptWeights* kept) {
   switch (o.arithmetic) {
     case Arithmetic::kModelOpt: {
       if (!per_node || !o.searches_clip()) return modelopt::awq_lite_search(model, plan, calib, o, backend);
@@ -57,7 +57,7 @@ std::map<std::string, AwqChoice> search_awq_scales(OnnxModel& model, const Plan&
     }
     case Arithmetic::kNibble: break;
   }
-  return awq_lite_search(model, plan, calib, o, backend);
+  return awq_lite_search(model, plan, calib, o, backend, kept);
 }
 
 std::unique_ptr<ClipSearch> make_clip_search(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend,

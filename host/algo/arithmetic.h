@@ -27,10 +27,12 @@ bool masks_padding(const QuantizeOptions& o);
 Calibration::Extras search_calibration(const QuantizeOptions& o, const Plan& plan);
 
 // AWQ's scale search of every weight of the plan. per_node: where awq_full needs each node's own s*
-// besides the final scales (ModelOpt's clip search reads them), else null.
+// besides the final scales (ModelOpt's clip search reads them), else null. kept: where nibble's search
+// leaves the weights it read on the backend for the quantizer (null: dropped after the search).
 std::map<std::string, AwqChoice> search_awq_scales(OnnxModel& model, const Plan& plan, Calibration& calib,
                                                    const QuantizeOptions& o, kernels::Backend& backend,
-                                                   std::map<std::string, AwqChoice>* per_node = nullptr);
+                                                   std::map<std::string, AwqChoice>* per_node = nullptr,
+                                                   KeptWeights* kept = nullptr);
 // The clip search of awq_clip / awq_full (per_node: awq_full's own s*, or null).
 std::unique_ptr<ClipSearch> make_clip_search(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend,
                                              OnnxModel& model, const Plan& plan,

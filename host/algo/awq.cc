@@ -39,7 +39,7 @@ namespace {
 // statistic of the siblings side by side ([K, sum N]), contiguous blocks; the loss N-weighted.
 AwqChoice search_group(OnnxModel& model, const Plan& plan, const std::vector<size_t>& idx, Calibration& calib,
                        const QuantizeOptions& o, const std::vector<double>& alphas, GramCache& grams,
-                       kernels::Backend& backend) {
+                       kernels::Backend& backend, KeptWeights* kept) {
   const auto& first = plan.weights[idx[0]];
   ActivationStats st;
   const kernels::GramForm g = grams.get(calib, first.activation, false, &st);
@@ -48,7 +48,8 @@ AwqChoice search_group(OnnxModel& model, const Plan& plan, const std::vector<siz
   int64_t n_total = 0;
   for (size_t i : idx) {
     ws.push_back(load(model, plan.weights[i]));
-    ws.back().w = backend.keep(ws.back().w);  // read twice below (statistic, loss): uploaded once
+    // Read by the statistic and the loss here, and by the quantizer after the search: uploaded once.
+    ws.back().w = keep_weight(backend, kept, plan.weights[i], ws.back().view.data);
     n_total += plan.weights[i].N();
   }
   std::vector<float> wm(static_cast<size_t>(K), 0.0f);
@@ -81,7 +82,8 @@ AwqChoice search_group(OnnxModel& model, const Plan& plan, const std::vector<siz
 }  // namespace
 
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                 const QuantizeOptions& o, kernels::Backend& backend) {
+                                                 const QuantizeOptions& o, kernels::Backend& backend,
+                                                 KeptWeights* kept) {
   std::map<std::string, AwqChoice> out;
   GramCache grams(backend, /*cholesky=*/true);
   const std::vector<double> alphas = awq_alphas(o.awqlite_alpha_step);
@@ -93,7 +95,7 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
   }
   size_t done = 0;
   for (const auto& idx : groups) {
-    const AwqChoice c = search_group(model, plan, idx, calib, o, alphas, grams, backend);
+    const AwqChoice c = search_group(model, plan, idx, calib, o, alphas, grams, backend, kept);
     const int best = int(std::find(alphas.begin(), alphas.end(), c.alpha) - alphas.begin());
     for (size_t i : idx) {
       spdlog::info("awq [{}/{}] {} alpha {:.2f} {}", ++done, plan.weights.size(), plan.weights[i].weight, c.alpha,

@@ -10,6 +10,7 @@
 
 #include "calib/calibration.h"
 #include "host/options.h"
+#include "host/algo/kept_weights.h"
 #include "host/graph/plan.h"
 #include "kernels/backend.h"
 #include "loaders/onnx_model.h"
@@ -22,9 +23,11 @@ struct AwqChoice {
   std::vector<double> losses;    // loss per alpha of that search
 };
 
-// Searches every weight of the plan in nibble's arithmetic.
+// Searches every weight of the plan in nibble's arithmetic; leaves the weights it read in `kept` (when
+// given) for the quantizer.
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                 const QuantizeOptions& options, kernels::Backend& backend);
+                                                 const QuantizeOptions& options, kernels::Backend& backend,
+                                                 KeptWeights* kept = nullptr);
 
 // Clip ratios a block may choose from in nibble mode (with either sign of the scale).
 const std::vector<float>& block_clip_ratios();

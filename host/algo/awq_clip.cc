@@ -59,6 +59,12 @@ void GramClipSearch::quantize(const PlannedWeight& pw, const kernels::WeightMatr
   const auto grid = clip_ratio_grid(o_.awqclip_alpha_step, o_.awqclip_alpha_min);
   for (auto it = grid.rbegin(); it != grid.rend(); ++it) opt.ratios.push_back(float(*it));  // 1.0 first
   opt.both_signs = true;  // measured: ppl 69.50 with, 71.28 without (bench/RESULTS.md)
+  if (block && pw.activation != blocks_of_) {
+    kept_blocks_.reset();  // the last activation's, freed first
+    kept_blocks_ = backend_.keep_gram_blocks(gram, pw.K(), block);
+    blocks_of_ = pw.activation;
+  }
+  if (block) opt.kept_blocks = kept_blocks_;
   backend_.clip_quantize_gram(w, spec, gram, block, awq_scale ? inv.data() : nullptr, opt, q);
   calib_.release_gram(pw.activation);
 }

@@ -6,6 +6,7 @@
 // (host/algo/modelopt_compat.h).
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ class GramClipSearch : public ClipSearch {
   const QuantizeOptions& o_;
   Calibration& calib_;
   kernels::Backend& backend_;
+  // The Gram blocks of the activation last read, kept on a device backend for its sibling weights.
+  std::string blocks_of_;
+  std::shared_ptr<const kernels::Resident> kept_blocks_;
 };
 
 }  // namespace nibble

@@ -43,14 +43,21 @@ class GramCache {
   kernels::GramForm get(Calibration& calib, const std::string& act, bool numpy_mean, ActivationStats* stats) {
     *stats = calib.stats(act, numpy_mean);
     if (act != name_) {
+      gram_kept_.reset();  // the last activation's, freed before this one's are made
+      factor_ = {};
       // Kept where the backend computes it (a device keeps U for the sibling weights that read it).
       factor_ = cholesky_ ? backend_.gram_cholesky_kept(stats->gram, stats->K) : kernels::GramFactor{};
       if (cholesky_ && !factor_.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
       g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
       name_ = act;
+      // The GEMM form reads G itself: a device keeps it for the sibling weights too.
+      if (!factor_.ok())
+        gram_kept_ = backend_.keep_gram(kernels::GramForm{stats->K, stats->rows, g32_.data()}).gram_resident;
     }
-    return kernels::GramForm{stats->K, stats->rows, g32_.data(), factor_.host.empty() ? nullptr : factor_.host.data(),
-                             factor_.resident};
+    kernels::GramForm g{stats->K, stats->rows, g32_.data(), factor_.host.empty() ? nullptr : factor_.host.data(),
+                        factor_.resident};
+    g.gram_resident = gram_kept_;
+    return g;
   }
 
  private:
@@ -59,6 +66,7 @@ class GramCache {
   std::string name_;
   std::vector<float> g32_;
   kernels::GramFactor factor_;
+  std::shared_ptr<const kernels::Resident> gram_kept_;
 };
 
 inline kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {

@@ -260,7 +260,7 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
 // Output error of every weight at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (the AWQ loss · N).
 void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
                          kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
-                         std::vector<double>* e4, std::vector<double>* e8) {
+                         std::vector<double>* e4, std::vector<double>* e8, KeptWeights* kept) {
   const bool awq = choices != nullptr, zp = o.zero_point();
   e4->assign(plan.weights.size(), 0);
   e8->assign(plan.weights.size(), 0);
@@ -271,12 +271,13 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
     g0.K = st.K;
     g0.rows = st.rows;
     g0.gram32 = g32.data();
-    // On a device: G goes up once for the sibling weights, each weight once for its two losses.
+    // On a device: G goes up once for the sibling weights, each weight once (for its two losses here, the
+    // AWQ search before and the quantizer after, when `kept` holds it).
     const kernels::GramForm g = backend.keep_gram(g0);
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));
-      const kernels::WeightMatrix w = backend.keep(kernels::WeightMatrix{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}});
+      const kernels::WeightMatrix w = keep_weight(backend, kept, pw, v.data);
       std::vector<float> ones(size_t(pw.K()), 1.0f);
       const float* s = awq ? choices->at(pw.weight).scale.data() : ones.data();
       const std::vector<float>* clip = awq ? awq_quantizer_clip_ratios(o) : nullptr;
@@ -445,25 +446,25 @@ Plan at_four_bits(const Plan& plan, int64_t block) {
 
 void research_int8(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
                    kernels::Backend& backend, const std::set<std::string>& acts8,
-                   std::map<std::string, AwqChoice>* choices) {
+                   std::map<std::string, AwqChoice>* choices, KeptWeights* kept) {
   Plan sub;
   for (const auto& pw : plan.weights)
     if (acts8.count(pw.activation)) sub.weights.push_back(pw);
   if (sub.weights.empty()) return;
   for (size_t i = 0; i < sub.weights.size(); ++i) sub.siblings[sub.weights[i].activation].push_back(i);
   spdlog::info("awq-lite: searching again the {} weights that share an input with an INT8 weight", sub.weights.size());
-  auto again = search_awq_scales(model, sub, calib, o, backend);
+  auto again = search_awq_scales(model, sub, calib, o, backend, nullptr, kept);
   for (auto& [name, c] : again) (*choices)[name] = std::move(c);
 }
 
 void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
                              Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
-                             MixedOutcome* out) {
+                             MixedOutcome* out, KeptWeights* kept) {
   std::vector<double> e4, e8;
-  measure_sensitivity(model, plan, calib, o, backend, choices, &e4, &e8);
+  measure_sensitivity(model, plan, calib, o, backend, choices, &e4, &e8, kept);
   const std::set<std::string> acts8 = pick_sensitivity(model, plan, o, format, e4, e8, out);
   // AWQ: the INT8 weights (and their siblings, which share s) are searched again at their precision.
-  if (choices) research_int8(model, plan, calib, o, backend, acts8, choices);
+  if (choices) research_int8(model, plan, calib, o, backend, acts8, choices, kept);
 }
 
 }  // namespace nibble

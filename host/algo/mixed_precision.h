@@ -77,23 +77,23 @@ void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOption
 // again per layer).
 void apply_sensitivity_mixed(OnnxModel& model, Plan& plan, Calibration& calib, const QuantizeOptions& o,
                              Format format, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices,
-                             MixedOutcome* out);
+                             MixedOutcome* out, KeptWeights* kept = nullptr);
 
 // Output error of every weight of `plan` at 4 and at 8 bits: E = tr(Dᵀ XᵀX D) / tokens (the AWQ loss · N),
 // with the AWQ scales of `choices` (the 4-bit search; null: s = 1).
 void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
                          kernels::Backend& backend, const std::map<std::string, AwqChoice>* choices,
-                         std::vector<double>* e4, std::vector<double>* e8);
+                         std::vector<double>* e4, std::vector<double>* e8, KeptWeights* kept = nullptr);
 // The greedy choice over the whole plan from every weight's e4/e8 (plan order): sets 8 bits on the chosen
 // weights, fills `out` (per weight and summary). Returns the inputs of the INT8 weights.
 std::set<std::string> pick_sensitivity(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, Format format,
                                        const std::vector<double>& e4, const std::vector<double>& e8,
                                        MixedOutcome* out);
 // AWQ: the weights reading one of `acts8` searched again at their precision, their entries of `choices`
-// replaced.
+// replaced. `kept` (when given) holds the weights the earlier stages left on the device.
 void research_int8(OnnxModel& model, const Plan& plan, Calibration& calib, const QuantizeOptions& o,
                    kernels::Backend& backend, const std::set<std::string>& acts8,
-                   std::map<std::string, AwqChoice>* choices);
+                   std::map<std::string, AwqChoice>* choices, KeptWeights* kept = nullptr);
 // The inputs of the plan's 8-bit weights.
 std::set<std::string> int8_activations(const Plan& plan);
 // The plan as it was before any INT8 pick: 8-bit weights back at 4 bits with `block` (--block_size).

@@ -196,6 +196,7 @@ kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::Wei
   kernels::WeightMatrix out = w;
   buffer = backend.scale_weight(w, s);
   out.data = buffer.data();
+  out.resident.reset();  // the host's W ⊙ s, not the kept W
   return out;
 }
 

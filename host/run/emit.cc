@@ -33,10 +33,12 @@ struct Prepared {
   std::vector<uint8_t> buffer;
 };
 
-Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* data, const std::vector<float>* s,
-                 const std::vector<float>* divisor, bool zero_point, kernels::Backend& backend) {
+// `w` may carry the backend's kept copy of the weight (KeptWeights): then nothing uploads it again.
+Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,
+                 const std::vector<float>* s, const std::vector<float>* divisor, bool zero_point,
+                 kernels::Backend& backend) {
   Prepared p;
-  p.w = kernels::WeightMatrix{pw.dtype, data, pw.rows, pw.cols, pw.k_axis, {}};
+  p.w = w;
   p.spec.bits = pw.bits;
   p.spec.block = pw.resolved_block();
   p.spec.zero_point = zero_point;
@@ -44,6 +46,7 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const void* 
   if (divisor) {
     p.buffer = backend.divide_columns(p.w, divisor->data());
     p.w.data = p.buffer.data();
+    p.w.resident.reset();  // the kept copy is W, not W with divided columns
   }
   p.w = scale_by_awq(o, pw, p.w, s->data(), backend, p.buffer, &p.spec);
   return p;
@@ -127,7 +130,8 @@ void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight
                  kernels::Backend& backend, Emitted& e) {
   const auto tw = std::chrono::steady_clock::now();
   TensorView v = model.view(*model.initializer(pw.weight));
-  const Prepared p = prepare(o, pw, v.data, nullptr, nullptr, gather_zero_point(o), backend);
+  const Prepared p = prepare(o, pw, kernels::WeightMatrix{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}}, nullptr,
+                             nullptr, gather_zero_point(o), backend);
   kernels::QuantResult q;
   quantize_gather(o, pw, p.w, p.spec, backend, q);
   validate_result(pw, q);
@@ -228,7 +232,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     TensorView v = ahead.view ? std::move(*ahead.view) : model.view(*model.initializer(pw.weight));
     kernels::WeightMatrix kept = std::move(ahead.kept);
     ahead = Ahead{};
-    if (i + 1 < plan.weights.size() &&
+    if (i + 1 < plan.weights.size() && !searched.kept.holds(plan.weights[i + 1].weight) &&
         read_as_stored(o, plan.weights[i + 1], searched, scales, column_divisors)) {
       const PlannedWeight& nw = plan.weights[i + 1];
       ahead.view = model.view(*model.initializer(nw.weight));
@@ -237,8 +241,9 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     const auto s = scales.find(pw.weight);
     const std::vector<float>* sp = s == scales.end() ? nullptr : &s->second;
     const auto cd = column_divisors.find(pw.weight);
-    Prepared p = prepare(o, pw, v.data, sp, cd == column_divisors.end() ? nullptr : &cd->second, e.zero_point,
-                         backend);
+    // The copy an earlier stage left on the device (taken: freed once this weight is quantized).
+    Prepared p = prepare(o, pw, searched.kept.take(pw, v.data), sp, cd == column_divisors.end() ? nullptr : &cd->second,
+                         e.zero_point, backend);
     if (kept.resident) p.w = kept;  // kept ahead (read_as_stored): the backend reads its own copy
     const bool float_zp = float_zero_points(o, pw, rewriter);
     const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zp, backend);

@@ -73,7 +73,7 @@ Planned plan_stage(const QuantizeOptions& o, OnnxModel& model) {
 
 void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan, kernels::Backend& backend,
                    Searched& s) {
-  s.choices = search_awq_scales(model, plan, *s.calib, o, backend, &s.per_node);
+  s.choices = search_awq_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.kept);
 }
 
 bool needs_calibration(const QuantizeOptions& o) {
@@ -110,10 +110,10 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
   const bool picked = mixed_needs_calibration(o) && planned.mixed.picked;
   if (awq) search_scales(o, model, picked ? at_four_bits(plan, o.block_size) : plan, backend, s);
   if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(ts));
-  if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices);
+  if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices, &s.kept);
   if (mixed_needs_calibration(o) && !picked)
     apply_sensitivity_mixed(model, plan, *s.calib, o, planned.format, backend, awq ? &s.choices : nullptr,
-                            &planned.mixed);
+                            &planned.mixed, &s.kept);
   if (clip) {
     const auto tk = std::chrono::steady_clock::now();
     s.clipper = make_clip_search(o, *s.calib, backend, model, plan, awq ? &s.per_node : nullptr);

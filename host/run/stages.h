@@ -51,6 +51,7 @@ struct Searched {
   std::map<std::string, AwqChoice> per_node;  // awq_full in modelopt mode: each node's own s*
   std::unique_ptr<ClipSearch> clipper;        // awq_clip, awq_full
   std::unique_ptr<GptqQuantizer> gptq;        // gptq, awq_gptq
+  KeptWeights kept;  // weights the searches left on a device backend for the quantizer
   double calibrate_seconds = 0, search_seconds = 0;
   // Resuming a layer-by-layer run: the weights are laid out again (the writer replays what the stopped
   // run wrote) with no quantization; only `choices` is read.

@@ -210,6 +210,12 @@ struct ShiftDiagonalBody {
   double shift;
   NIBBLE_HD void operator()(int64_t k) const { a[k * K + k] += shift; }
 };
+// Float32 values widened to float64 (exact): a float64 array that went up at half its bytes.
+struct WidenBody {
+  const float* in;
+  double* out;
+  NIBBLE_HD void operator()(int64_t i) const { out[i] = double(in[i]); }
+};
 struct UpperFloatBody {
   const double* a;
   int64_t K;

@@ -72,6 +72,7 @@ class CudaBackend final : public Backend {
   WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
   GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
   GramForm keep_gram(const GramForm& g) override;
+  std::shared_ptr<const Resident> keep_gram_blocks(const double* blocks, int64_t K, int64_t B) override;
 
   void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
   void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
@@ -122,6 +123,12 @@ class CudaBackend final : public Backend {
   const DeviceArray* mine(const std::shared_ptr<const Resident>& r) const;
   // A weight's bytes on the device: its kept copy, or uploaded into `tmp`.
   const uint8_t* weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp);
+  // n float64 values from the host to `dst` on the device. A chunk whose every value float32 holds
+  // exactly goes up as float32 (half the bytes) and is widened there, so the device holds the very same
+  // doubles: the calibration's Gram matrices are accumulated in float32 and written as float64.
+  void upload_f64(double* dst, const double* src, size_t n);
+  // n float64 values that float32 holds exactly, into `dst` as float32 (false, nothing copied: one does not).
+  bool upload_narrowed(float* dst, const double* src, size_t n);
   // U of a Gram matrix on the device (empty when not factorisable or beyond the budget).
   DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K);
   // Columns of a panel that fit beside `fixed` bytes when each column needs `per_column` bytes.

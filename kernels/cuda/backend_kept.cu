@@ -14,6 +14,7 @@ namespace nibble::kernels::gpu::NIBBLE_GPU_NS {
 namespace {
 
 constexpr uint64_t kSlack = 64 * 1024;
+constexpr size_t kWidenChunk = size_t(1) << 20;  // values per float32 chunk of upload_f64 (4 MiB)
 
 }  // namespace
 
@@ -77,10 +78,24 @@ GramForm CudaBackend::keep_gram(const GramForm& g) {
   return out;
 }
 
+std::shared_ptr<const Resident> CudaBackend::keep_gram_blocks(const double* blocks, int64_t K, int64_t B) {
+  const OpScope op(*dev_, "keep_gram_blocks");
+  const uint64_t n = uint64_t(num_blocks(K, B)) * uint64_t(B) * uint64_t(B);
+  // A quarter of the budget at most: the clip search's panels need the rest (else each weight uploads them).
+  if (dev_->in_use_live() + n * 8 + kSlack > dev_->budget() / 4) return {};
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(n) * 8);
+  upload_f64(reinterpret_cast<double*>(a->data.get()), blocks, size_t(n));
+  return a;
+}
+
 WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
   const int64_t n = w.rows * w.cols;
   const uint64_t in_bytes = mine(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
-  if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 2)
+  // Beside what is held (the weights a whole-model search keeps for the quantizer, up to half the budget), with
+  // a quarter of the budget left for the quantizer's panels.
+  if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 4 * 3)
     return Backend::scale_weight_f32_kept(w, s, host);  // streams in row panels through the host
   const OpScope op(*dev_, "scale_weight_f32");
   dev_->count_flops(double(n));
@@ -98,6 +113,45 @@ WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const flo
   return out;
 }
 
+void CudaBackend::upload_f64(double* dst, const double* src, size_t n) {
+  // The staging chunk fits beside what is held (its size does not change the values that arrive).
+  const uint64_t room = dev_->budget() - std::min(dev_->budget(), dev_->in_use_live() + kSlack);
+  const size_t chunk = std::min({n, kWidenChunk, size_t(room / 4)});
+  if (chunk < n && chunk < 1024) {
+    dev_->to_device(dst, src, n * 8);
+    return;
+  }
+  DeviceBuffer<float> stage(*dev_, chunk);
+  std::vector<float> narrow(chunk);
+  for (size_t i0 = 0; i0 < n; i0 += chunk) {
+    const size_t m = std::min(chunk, n - i0);
+    bool exact = true;  // NaN never compares equal: such a chunk goes up as float64
+    for (size_t i = 0; i < m; ++i) {
+      narrow[i] = float(src[i0 + i]);
+      exact &= double(narrow[i]) == src[i0 + i];
+    }
+    if (!exact) {
+      dev_->to_device(dst + i0, src + i0, m * 8);
+      continue;
+    }
+    dev_->to_device(stage.get(), narrow.data(), m * 4);  // synchronous, after the last chunk's widening
+    launch(*dev_, int64_t(m), WidenBody{stage.get(), dst + i0});
+  }
+  dev_->synchronize();
+}
+
+bool CudaBackend::upload_narrowed(float* dst, const double* src, size_t n) {
+  for (size_t i = 0; i < n; ++i)  // NaN never compares equal: such an array stays float64
+    if (double(float(src[i])) != src[i]) return false;
+  std::vector<float> narrow(std::min(n, kWidenChunk));
+  for (size_t i0 = 0; i0 < n; i0 += narrow.size()) {
+    const size_t m = std::min(narrow.size(), n - i0);
+    for (size_t i = 0; i < m; ++i) narrow[i] = float(src[i0 + i]);
+    dev_->to_device(dst + i0, narrow.data(), m * 4);
+  }
+  return true;
+}
+
 DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t K) {
   double dmax = 0;  // the shift's scale, from K values on the host
   for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
@@ -107,13 +161,18 @@ DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t 
   // the Gram matrix in row panels.
   if (dev_->in_use_live() + uint64_t(K) * uint64_t(K) * 12 + 65536 > dev_->budget()) return {};
   DeviceBuffer<double> a(*dev_, size_t(K * K));
+  // u holds G in float32 until the factor overwrites it: a retry widens it again, nothing crosses the bus.
+  DeviceBuffer<float> u(*dev_, size_t(K * K));
+  const bool narrow = upload_narrowed(u.get(), gram, u.size());
   for (double shift : {0.0, 1e-12, 1e-9}) {
-    dev_->to_device(a.get(), gram, a.bytes());  // again on a retry: dpotrf overwrote it
+    if (narrow)  // again on a retry: dpotrf overwrote a
+      launch(*dev_, K * K, WidenBody{u.get(), a.get()});
+    else
+      dev_->to_device(a.get(), gram, a.bytes());
     if (shift > 0) launch(*dev_, K, ShiftDiagonalBody{a.get(), K, shift * dmax});
     // The row-major array read column-major is Gᵀ = G; the lower factor L (G = L Lᵀ), column-major,
     // is Lᵀ = U row-major.
     if (la().dpotrf(Fill::kLower, int(K), a.get(), int(K)) != 0) continue;
-    DeviceBuffer<float> u(*dev_, size_t(K * K));
     launch(*dev_, K * K, UpperFloatBody{a.get(), K, u.get()});
     return u;
   }

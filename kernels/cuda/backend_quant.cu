@@ -45,8 +45,14 @@ Panel CudaBackend::upload_panel(const WeightMatrix& w, int64_t n0, int64_t width
   Panel p;
   p.n0 = n0;
   p.width = width;
+  const int64_t rows = w.k_axis == 0 ? K : width, cols = w.k_axis == 0 ? width : K;
+  const uint8_t* d = kept(w.resident);
+  if (d && (w.k_axis == 1 || width == N)) {  // contiguous in the kept copy: read in place
+    p.view = WeightView{d + size_t(w.k_axis == 1 ? n0 * K : 0) * esz, int(w.dtype), rows, cols, w.k_axis};
+    return p;
+  }
   p.data = DeviceBuffer<uint8_t>(*dev_, size_t(K * width) * esz);
-  if (const uint8_t* d = kept(w.resident)) {  // on the device already: a copy there, nothing crosses the bus
+  if (d) {  // on the device already: a copy there, nothing crosses the bus
     if (w.k_axis == 0)
       dev_->on_device_2d(p.data.get(), size_t(width) * esz, d + size_t(n0) * esz, size_t(N) * esz,
                          size_t(width) * esz, size_t(K));
@@ -59,7 +65,7 @@ Panel CudaBackend::upload_panel(const WeightMatrix& w, int64_t n0, int64_t width
   } else {  // [N, K]: consecutive rows
     dev_->to_device(p.data.get(), static_cast<const uint8_t*>(w.data) + size_t(n0 * K) * esz, p.data.bytes());
   }
-  p.view = WeightView{p.data.get(), int(w.dtype), w.k_axis == 0 ? K : width, w.k_axis == 0 ? width : K, w.k_axis};
+  p.view = WeightView{p.data.get(), int(w.dtype), rows, cols, w.k_axis};
   return p;
 }
 
@@ -277,10 +283,12 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
   // Only the diagonal blocks are read: [G, B, B] on the device, the last one zero-padded.
   DeviceBuffer<float> gb(*dev_, size_t(G * B * B));
   {
-    DeviceBuffer<double> src(*dev_, size_t(G * B * B));
-    if (gram_block) {
-      dev_->to_device(src.get(), gram, src.bytes());
-    } else {
+    const double* kept_src = gram_block ? reinterpret_cast<const double*>(kept(opt.kept_blocks)) : nullptr;
+    // Kept on the device for the activation's sibling weights, else uploaded for this weight.
+    DeviceBuffer<double> src(*dev_, kept_src ? 0 : size_t(G * B * B));
+    if (!kept_src && gram_block) {
+      upload_f64(src.get(), gram, src.size());  // float32 on the bus where that is exact
+    } else if (!kept_src) {
       dev_->fill_zero(src.get(), src.bytes());
       for (int64_t g = 0; g < G; ++g) {
         const int64_t k0 = g * B, kn = std::min(K, k0 + B) - k0;
@@ -289,7 +297,7 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
       }
     }
     const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();
-    launch(*dev_, G * B * B, GramBlocksBody{src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
+    launch(*dev_, G * B * B, GramBlocksBody{kept_src ? kept_src : src.get(), inv_s ? is.get() : nullptr, B, K, gb.get()});
     dev_->synchronize();
   }
   const DeviceBuffer<float> r_d = upload(ratios.data(), ratios.size());

@@ -199,3 +199,79 @@ TEST(TransferLedger, KeptGramIsReadInPlace) {
   auto cpu = make_cpu_backend();
   EXPECT_FALSE(cpu->keep_gram(host_form).gram_resident);
 }
+
+// A Gram matrix whose values float32 holds exactly (the calibration accumulates XᵀX in float32) goes up as
+// float32 for the factorisation, half its float64 bytes, and gives the CPU's factor bit for bit; one that
+// float32 does not hold goes up as float64, also the CPU's factor.
+TEST(TransferLedger, CholeskyGramGoesUpAsFloat32WhereExact) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d;
+  std::vector<float> g32(size_t(K * K));
+  for (int64_t i = 0; i < K; ++i)  // symmetric, dominant diagonal
+    for (int64_t j = 0; j <= i; ++j) g32[size_t(i * K + j)] = g32[size_t(j * K + i)] = i == j ? 50.0f + d(rng) : 0.1f * d(rng);
+  auto cpu = make_cpu_backend();
+  for (const bool exact : {true, false}) {
+    std::vector<double> gram(g32.begin(), g32.end());
+    if (!exact) gram[size_t(3 * K + 3)] += 1e-12;  // one value float32 cannot hold
+    auto gpu = emulated();
+    const std::vector<float> got = gpu->gram_cholesky_upper(gram.data(), K);
+    EXPECT_EQ(got, cpu->gram_cholesky_upper(gram.data(), K)) << "exact " << exact;
+    EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * (exact ? 4 : 8)) << "exact " << exact;
+  }
+}
+
+// awq_clip's Gram blocks kept for the sibling weights of one activation (keep_gram_blocks): uploaded once,
+// as float32 where exact, and every clip search that reads them gives the codes it gives with the host's.
+TEST(TransferLedger, KeptGramBlocksAreUploadedOnce) {
+  const Fp16Weight w;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d;
+  std::vector<double> blocks(size_t(G * kBlock * kBlock));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < kBlock; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        const float v = i == j ? 20.0f + d(rng) : 0.1f * d(rng);
+        blocks[size_t((g * kBlock + i) * kBlock + j)] = blocks[size_t((g * kBlock + j) * kBlock + i)] = v;
+      }
+  const QuantSpec spec{4, kBlock, false};
+  GramClipOptions opt;
+  opt.ratios = {1.0f, 0.9f, 0.8f};
+  QuantResult want, got;
+  make_cpu_backend()->clip_quantize_gram(w.m, spec, blocks.data(), kBlock, nullptr, opt, want);
+  auto gpu = emulated();
+  opt.kept_blocks = gpu->keep_gram_blocks(blocks.data(), K, kBlock);
+  ASSERT_TRUE(opt.kept_blocks);
+  EXPECT_EQ(op(*gpu, "keep_gram_blocks").h2d_bytes, blocks.size() * 4);
+  for (int rep = 0; rep < 2; ++rep) {
+    gpu->clip_quantize_gram(w.m, spec, blocks.data(), kBlock, nullptr, opt, got);
+    expect_same(want, got);
+  }
+  // Per weight only the weight and the candidate ratios go up.
+  EXPECT_EQ(op(*gpu, "clip_quantize_gram").h2d_bytes, 2 * (w.bytes() + opt.ratios.size() * 4));
+  EXPECT_FALSE(make_cpu_backend()->keep_gram_blocks(blocks.data(), K, kBlock));
+}
+
+// W ⊙ s from the copy the search kept: only s goes up, even beside the other weights a whole-model search
+// holds for the quantizer (here three weights, more than a quarter of the budget, below half of it).
+TEST(TransferLedger, ScaledKeptWeightUploadsOnlyTheScale) {
+  const Fp16Weight w;
+  std::vector<float> s(static_cast<size_t>(K)), energy(static_cast<size_t>(K), 1.0f);
+  for (int64_t k = 0; k < K; ++k) s[size_t(k)] = 0.5f + float(k % 7) * 0.25f;
+  auto gpu = emulated(512 << 10);
+  std::vector<WeightMatrix> held;
+  for (int i = 0; i < 3; ++i) held.push_back(gpu->keep(w.m));
+  for (const auto& h : held) ASSERT_TRUE(h.resident);
+  std::vector<uint8_t> gbuf, cbuf;
+  const WeightMatrix gs = gpu->scale_weight_f32_kept(held[0], s.data(), gbuf);
+  EXPECT_EQ(gs.data, nullptr);
+  EXPECT_EQ(op(*gpu, "scale_weight_f32").h2d_bytes, uint64_t(K) * 4);
+  EXPECT_EQ(op(*gpu, "scale_weight_f32").d2h_bytes, 0u);
+  auto cpu = make_cpu_backend();
+  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
+  QuantSpec spec{4, kBlock, false};
+  spec.scale_dtype = DType::kFloat16;
+  QuantResult a, b;
+  gpu->rtn_weighted(gs, spec, energy.data(), {1.0f, 0.9f}, a);
+  cpu->rtn_weighted(cs, spec, energy.data(), {1.0f, 0.9f}, b);
+  expect_same(a, b);
+}

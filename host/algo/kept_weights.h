@@ -1,0 +1,42 @@
+// Weights a device backend keeps between the stages of one run (the AWQ search, the sensitivity
+// measure, the quantizer), so that each weight crosses the bus once: the first stage that reads a
+// weight keeps it (Backend::keep), later stages read that copy, and the quantizer takes it, after
+// which the device memory is freed as its last handle goes. On the CPU, keep() hands back the host
+// view and nothing is held. What is held for the quantizer stays within a quarter of the device budget,
+// so that the weights searched later can still be kept for their own search (beyond it, a weight is kept
+// for its caller alone and goes up again for the quantizer).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "host/graph/plan.h"
+#include "kernels/backend.h"
+
+namespace nibble {
+
+class KeptWeights {
+ public:
+  // The weight of `pw` (host bytes at `data`) as the backend holds it; kept on the first call, and held
+  // here when it fits.
+  kernels::WeightMatrix get(kernels::Backend& backend, const PlannedWeight& pw, const void* data);
+  // The weight of `pw` with its kept copy when there is one (else the host view), forgotten here.
+  kernels::WeightMatrix take(const PlannedWeight& pw, const void* data);
+  size_t size() const { return kept_.size(); }
+  // Whether a copy of this weight is held (the quantizer then reads it; nothing prefetches it again).
+  bool holds(const std::string& weight) const { return kept_.count(weight) > 0; }
+
+ private:
+  struct Held {
+    std::shared_ptr<const kernels::Resident> copy;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, Held> kept_;
+  uint64_t held_bytes_ = 0;
+};
+
+// `kept`'s copy of the weight when a holder is given, else one kept for the caller alone.
+kernels::WeightMatrix keep_weight(kernels::Backend& backend, KeptWeights* kept, const PlannedWeight& pw,
+                                  const void* data);
+
+}  // namespace nibble

@@ -53,6 +53,7 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--only", default="", help="comma-separated run names")
     ap.add_argument("--extra", default="", help="more flags for every run, e.g. '--device cuda_emulated'")
+    ap.add_argument("--reports", default="", help="folder for each run's --report (NAME.json)")
     a = ap.parse_args()
     runs = {k: v for k, v in RUNS.items() if not a.only or k in a.only.split(",")}
     result = {}
@@ -61,6 +62,8 @@ def main() -> int:
         cmd = [a.nibble, "quantize", "--onnx_path", a.model, "--output_path", out, "--force", "--quiet",
                "--calib_data", a.calib_data, "--calib_size", "8", "--calib_seq_len", "128",
                "--calib_cache", os.path.join(a.cache, name)] + args + a.extra.split()
+        if a.reports:
+            cmd += ["--report", os.path.join(a.reports, name + ".json")]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             result[name] = {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else str(p.returncode)}

@@ -197,18 +197,13 @@ struct Ahead {
   kernels::WeightMatrix kept;
 };
 
-}  // namespace
-
-Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
-                   GraphRewriter& rewriter, kernels::Backend& backend) {
+// The run's one line before the weights: what is quantized, to what.
+void log_plan(const QuantizeOptions& o, const Planned& planned, uint64_t bytes_in) {
   const Plan& plan = planned.plan;
-  Emitted e;
-  for (const auto* list : {&plan.weights, &plan.gathers})
-    for (const auto& pw : *list) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   int64_t n_int8 = 0;
   for (const auto& pw : plan.weights) n_int8 += pw.bits == 8;
   spdlog::info("quantizing {} weights ({}) of {}: {} INT4 block {}{}{} -> {}", plan.weights.size(),
-               human_bytes(e.bytes_in), o.onnx_path, name_of(o.algo), o.block_size,
+               human_bytes(bytes_in), o.onnx_path, name_of(o.algo), o.block_size,
                n_int8 ? " + " + std::to_string(n_int8) + " INT8 per channel" : std::string(),
                plan.gathers.empty() ? std::string()
                                     : " + " + std::to_string(plan.gathers.size()) + " embedding(s) INT4 block " +
@@ -217,6 +212,31 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   if (o.algo == Algo::kHqq && planned.format == Format::kMatMulNBits && n_int8)
     spdlog::info("--algo hqq: the {} INT8 layers keep integer zero points (ONNX Runtime's MatMulNBits takes float "
                  "zero points at 4 bits only)", n_int8);
+}
+
+// One embedding table: shared with a tied weight's codes, or quantized on its own.
+void emit_table(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight& pw,
+                const std::map<std::string, std::vector<float>>& scales,
+                const std::map<std::string, std::vector<float>>& column_divisors, GraphRewriter& rewriter,
+                kernels::Backend& backend, Emitted& e, Progress& progress) {
+  const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+  if (!emit_shared(pw, scales, column_divisors, rewriter, e)) emit_gather(o, model, pw, rewriter, backend, e);
+  const nlohmann::json& done = e.weights.back();
+  progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
+                    dtype_name(pw.dtype) + " embedding -> int" + done["bits"].dump() + " " + human_bytes(in) +
+                    " -> " + human_bytes(done["bytes_out"].get<uint64_t>()),
+                in);
+}
+
+}  // namespace
+
+Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
+                   GraphRewriter& rewriter, kernels::Backend& backend) {
+  const Plan& plan = planned.plan;
+  Emitted e;
+  for (const auto* list : {&plan.weights, &plan.gathers})
+    for (const auto& pw : *list) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
+  log_plan(o, planned, e.bytes_in);
   e.zero_point = writes_zero_point(o);
   std::map<std::string, std::vector<float>> scales, column_divisors;
   for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
@@ -280,15 +300,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
                       human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
                   uint64_t(n) * dtype_size(pw.dtype));
   }
-  for (const auto& pw : plan.gathers) {
-    const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
-    if (!emit_shared(pw, scales, column_divisors, rewriter, e)) emit_gather(o, model, pw, rewriter, backend, e);
-    const nlohmann::json& done = e.weights.back();
-    progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
-                      dtype_name(pw.dtype) + " embedding -> int" + done["bits"].dump() + " " + human_bytes(in) +
-                      " -> " + human_bytes(done["bytes_out"].get<uint64_t>()),
-                  in);
-  }
+  for (const auto& pw : plan.gathers) emit_table(o, model, pw, scales, column_divisors, rewriter, backend, e, progress);
   progress.finish();
   return e;
 }

@@ -33,6 +33,9 @@ struct GramForm {
 struct GramFactor {
   std::vector<float> host;
   std::shared_ptr<const Resident> resident;
+  // Not factorisable on a device: the float32 Gram the attempt uploaded, kept for the GEMM form (as
+  // keep_gram would keep it), so that it does not cross the bus twice. Null otherwise.
+  std::shared_ptr<const Resident> gram_resident;
   bool ok() const { return !host.empty() || resident; }
 };
 

@@ -51,8 +51,11 @@ class GramCache {
       g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
       name_ = act;
       // The GEMM form reads G itself: a device keeps it for the sibling weights too.
+      // (What the failed factorisation uploaded, when the backend kept it.)
       if (!factor_.ok())
-        gram_kept_ = backend_.keep_gram(kernels::GramForm{stats->K, stats->rows, g32_.data()}).gram_resident;
+        gram_kept_ = factor_.gram_resident
+                         ? factor_.gram_resident
+                         : backend_.keep_gram(kernels::GramForm{stats->K, stats->rows, g32_.data()}).gram_resident;
     }
     kernels::GramForm g{stats->K, stats->rows, g32_.data(), factor_.host.empty() ? nullptr : factor_.host.data(),
                         factor_.resident};

@@ -130,7 +130,8 @@ class CudaBackend final : public Backend {
   // n float64 values that float32 holds exactly, into `dst` as float32 (false, nothing copied: one does not).
   bool upload_narrowed(float* dst, const double* src, size_t n);
   // U of a Gram matrix on the device (empty when not factorisable or beyond the budget).
-  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K);
+  // When it fails after uploading G as float32 (exact), `gram_left` (if given) receives that copy.
+  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K, DeviceBuffer<float>* gram_left = nullptr);
   // Columns of a panel that fit beside `fixed` bytes when each column needs `per_column` bytes.
   int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
   Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);

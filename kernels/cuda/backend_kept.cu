@@ -152,7 +152,7 @@ bool CudaBackend::upload_narrowed(float* dst, const double* src, size_t n) {
   return true;
 }
 
-DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t K) {
+DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t K, DeviceBuffer<float>* gram_left) {
   double dmax = 0;  // the shift's scale, from K values on the host
   for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
   if (!(dmax > 0) || !std::isfinite(dmax)) return {};
@@ -176,6 +176,7 @@ DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t 
     launch(*dev_, K * K, UpperFloatBody{a.get(), K, u.get()});
     return u;
   }
+  if (narrow && gram_left) *gram_left = std::move(u);  // G itself, untouched by the attempts
   return {};
 }
 
@@ -187,8 +188,16 @@ std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t 
 
 GramFactor CudaBackend::gram_cholesky_kept(const double* gram, int64_t K) {
   const OpScope op(*dev_, "gram_cholesky_upper");
-  DeviceBuffer<float> u = cholesky_on_device(gram, K);
+  DeviceBuffer<float> g32;
+  DeviceBuffer<float> u = cholesky_on_device(gram, K, &g32);
   GramFactor f;
+  // Kept for the GEMM form under keep_gram's own rule (half the budget at most), else given back.
+  if (!u.size() && g32.size() && dev_->in_use_live() + kSlack <= dev_->budget() / 2) {
+    auto g = std::make_shared<DeviceArray>();
+    g->owner = this;
+    g->data = DeviceBuffer<uint8_t>::adopt(std::move(g32));
+    f.gram_resident = std::move(g);
+  }
   if (!u.size()) return f;
   // Kept as bytes: a DeviceArray holds any array. The move keeps the allocation's size for its release.
   auto a = std::make_shared<DeviceArray>();

@@ -200,6 +200,40 @@ TEST(TransferLedger, KeptGramIsReadInPlace) {
   EXPECT_FALSE(cpu->keep_gram(host_form).gram_resident);
 }
 
+// A Gram matrix the factorisation cannot take (a float32-accumulated XᵀX can come out slightly indefinite;
+// here one pair of channels plainly so, which no diagonal shift of the retries repairs): the float32 copy
+// the attempt uploaded is kept for the GEMM form (GramFactor::gram_resident), which reads it in place and
+// gives the losses of the host form; nothing goes up a second time.
+TEST(TransferLedger, UnfactorisableGramServesTheGemmForm) {
+  const Fp16Weight w;
+  constexpr int64_t T = 64;
+  std::vector<double> g64(size_t(K * K), 0.0);
+  std::vector<float> g32(size_t(K * K), 0.0f);
+  for (int64_t i = 0; i < K; ++i) g64[size_t(i * K + i)] = g32[size_t(i * K + i)] = 4.0f + float(i % 5);
+  g64[size_t(1)] = g64[size_t(K)] = g32[size_t(1)] = g32[size_t(K)] = 40.0f;  // channels 0 and 1: indefinite
+  auto gpu = emulated();
+  GramFactor f = gpu->gram_cholesky_kept(g64.data(), K);
+  EXPECT_FALSE(f.ok());
+  ASSERT_TRUE(f.gram_resident);
+  EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * 4);  // once, as float32
+  const std::vector<float> s(static_cast<size_t>(K), 1.0f);
+  const QuantSpec spec{4, kBlock, false};
+  GramForm host_form;
+  host_form.K = K;
+  host_form.rows = T;
+  host_form.gram32 = g32.data();
+  GramForm kept = host_form;
+  kept.gram_resident = f.gram_resident;
+  const std::vector<double> want = make_cpu_backend()->awq_losses(w.m, {s.data()}, spec, host_form, nullptr);
+  const std::vector<double> got = gpu->awq_losses(w.m, {s.data()}, spec, kept, nullptr);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_NEAR(got[0], want[0], 1e-6 * std::abs(want[0]));  // BLAS products: the same values, another order
+  EXPECT_EQ(gpu->awq_losses(w.m, {s.data()}, spec, host_form, nullptr), got);  // as if G had gone up again
+  EXPECT_EQ(op(*gpu, "keep_gram").calls, 0u);
+  f = {};
+  kept = {};
+}
+
 // A Gram matrix whose values float32 holds exactly (the calibration accumulates XᵀX in float32) goes up as
 // float32 for the factorisation, half its float64 bytes, and gives the CPU's factor bit for bit; one that
 // float32 does not hold goes up as float64, also the CPU's factor.

@@ -3,7 +3,8 @@
 // runs body.phase<P>(block, lane, shared) for every block, phase and lane, entered in the transfer
 // ledger as one launch.
 //  - nvcc, on the GPU: one CUDA block of kLanes threads per work block (grid-stride when there are
-//    more than a grid holds), `__shared__` storage, __syncthreads() after every phase.
+//    more than a grid holds), `__shared__` storage, __syncthreads() after every phase, on the device
+//    layer's compute stream.
 //  - g++, for the emulated device: the blocks in parallel on Thrust's host system; within a block,
 //    every lane runs phase 0, then every lane phase 1, ... (loop fission), the shared struct a local.
 // The contract that makes the two the same: a lane's locals do not survive its phase (state that
@@ -93,9 +94,12 @@ void launch_blocks(DeviceLayer& dev, int64_t n_blocks, const Body& body) {
   dev.count_launch();
 #ifdef __CUDACC__
   const int64_t grid = n_blocks < (int64_t(1) << 30) ? n_blocks : (int64_t(1) << 30);
-  block_phases<Body><<<unsigned(grid), Body::kLanes>>>(body, n_blocks);
+  // On the compute stream, ordered with the BLAS calls and the other kernels: on the legacy default
+  // stream (no stream named) it ran beside them, unordered, and read products not yet written.
+  block_phases<Body><<<unsigned(grid), Body::kLanes, 0, static_cast<cudaStream_t>(dev.compute_stream())>>>(body,
+                                                                                                         n_blocks);
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel launch: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess) dev.fail(std::string("kernel launch: ") + cudaGetErrorString(e));
 #else
   thrust::for_each(thrust::device, thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(n_blocks),
                    FissionedBlock<Body>{body});

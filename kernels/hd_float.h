@@ -1,6 +1,6 @@
 // The scalar arithmetic every CUDA kernel body shares, callable from host and device (NIBBLE_HD):
-// fp16/bf16 rounding (kernels/half_float.h), round-half-even and ModelOpt's block formulas, written to
-// give exactly the bits of the CPU reference (kernels/cpu/rtn_ref.h). Here, beside the interface, so that
+// fp16/bf16 rounding (kernels/half_float.h), round-half-even and ModelOpt's block formulas, which the CPU
+// reference calls too (kernels/cpu/rtn_ref.h, kernels/clip_candidate.h). Here, beside the interface, so that
 // code both backends run (kernels/hqq_fit.h) can use it. nvcc builds it with --fmad=false and
 // g++ with -ffp-contract=off, so no product is fused into an add on either side.
 #pragma once
@@ -52,7 +52,7 @@ NIBBLE_HD inline void store(int t, void* p, int64_t i, float f) {
   else static_cast<uint16_t*>(p)[i] = t == kF16 ? float_to_half(f) : float_to_bf16(f);
 }
 
-// ---- ModelOpt's block formulas (rtn_ref.h, the definition).
+// ---- ModelOpt's block formulas, the definition (rtn_ref.h's block_params_* call these).
 struct Params {
   float scale;
   uint8_t zero_point;

@@ -5,6 +5,7 @@
 // backend sums those in a fixed order. (Plain RTN of a [N, K] weight, where a block's values are
 // adjacent, runs a warp per block instead: rtn_blocks.h.)
 #pragma once
+#include "kernels/clip_candidate.h"
 #include "kernels/cuda/hd_float.h"
 
 namespace nibble::kernels::gpu {
@@ -89,14 +90,10 @@ struct RtnBody {
   }
 };
 
-// Candidate ci of a block: ratio r of its symmetric scale (or of its [min, max]), negated for ci >= R.
+// Candidate ci of a block, the step every backend shares (kernels/clip_candidate.h).
 NIBBLE_HD inline hd::Params candidate(const float* ratios, int64_t R, int64_t ci, float amax, float mn, float mx,
                                       const BlockShape& s) {
-  const float r = ratios[ci % R];
-  hd::Params p = s.zp ? hd::params_zero_point(r * mn, r * mx, s.bits, s.scale_dtype)
-                      : hd::params_symmetric(r * amax, s.bits, s.scale_dtype);
-  if (ci >= R) p.scale = -p.scale;
-  return p;
+  return hd::clip_candidate(ratios, R, ci, amax, mn, mx, s.bits, s.zp, s.scale_dtype);
 }
 
 struct BlockRange {
@@ -162,6 +159,7 @@ struct RtnRatiosBody {
     const float r = hd::round_to(dt, ratio_ng[n * G + g]);
     float amax = 0;
     for (int64_t k = k0; k < k1; ++k) amax = hd::max(amax, hd::fabs(w.at(k, n)));
+    // ModelOpt's step, not clip_candidate: the ratio and r·amax are rounded to the weight dtype (numpy).
     const hd::Params p = hd::params_symmetric(hd::round_to(dt, amax * r), s.bits, dt);
     store_params(w, s, o, G, g, n, p, write_block(w, s, k0, k1, n, p, o.codes));
   }

@@ -71,15 +71,15 @@ NIBBLE_HD inline Params params_zero_point(float mn, float mx, int bits, int t) {
   return p;
 }
 // numpy divides fp16 arrays in fp32 and rounds the quotient to fp16; bf16 codes stay in fp32.
-NIBBLE_HD inline uint8_t quantize(float w, Params p, int bits, bool zp, int t) {
+NIBBLE_HD inline uint8_t quantize(float w, Params p, int bits, bool zero_point, int t) {
   float q = w / p.scale;
   if (t == kF16) q = round_to(t, q);
   const float r = rint(q);
-  if (zp) return uint8_t(clamp(r + float(p.zero_point), 0.0f, float((1 << bits) - 1)));
+  if (zero_point) return uint8_t(clamp(r + float(p.zero_point), 0.0f, float((1 << bits) - 1)));
   return uint8_t(int8_t(clamp(r, -float(1 << (bits - 1)), float((1 << (bits - 1)) - 1))));
 }
-NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zp) {
-  const int q = zp ? int(code) - int(p.zero_point) : int(int8_t(code));
+NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zero_point) {
+  const int q = zero_point ? int(code) - int(p.zero_point) : int(int8_t(code));
   return float(q) * p.scale;
 }
 

@@ -52,7 +52,7 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
                "Elements per quantization block along the reduction dimension K: a power of two >= 16, "
                "or -1 for one block per output channel")
       ->capture_default_str();
-  q.add_flag("--use_zero_point", o.use_zero_point,
+  q.add_flag("--use_zero_point", o.zero_point_flag,
              "Asymmetric UINT4 codes with a zero point per block (nibble honours it for RTN too; "
              "ModelOpt's RTN ignores it)");
   q.add_option("--awqlite_alpha_step", o.awqlite_alpha_step, "AWQ-lite: step of the alpha grid in [0, 1]")

@@ -75,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.quiet = true;
   static const nibble::Format formats[] = {nibble::Format::kDq, nibble::Format::kQdq, nibble::Format::kMatMulNBits};
   o.format = formats[n_graph % 3];
-  o.use_zero_point = (n_ext & 1) != 0;
+  o.zero_point_flag = (n_ext & 1) != 0;
   bool ok = false;
   try {
     ok = nibble::run_quantize(o) == 0;

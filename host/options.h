@@ -28,7 +28,7 @@ struct QuantizeOptions {
   std::string output_path;
   Algo algo = Algo::kAwqLite;
   int64_t block_size = 128;
-  bool use_zero_point = false;
+  bool zero_point_flag = false;  // --use_zero_point as given
   double awqlite_alpha_step = 0.1;
   bool awqlite_run_per_subgraph = false;
   bool awqlite_disable_fuse_nodes = false;
@@ -72,7 +72,7 @@ struct QuantizeOptions {
   bool searches_clip() const { return algo == Algo::kAwqClip || algo == Algo::kAwqFull; }
   bool uses_gptq() const { return algo == Algo::kGptq || algo == Algo::kAwqGptq; }
   // HQQ fits zero points: it writes them whatever --use_zero_point says.
-  bool zero_point() const { return use_zero_point || algo == Algo::kHqq; }
+  bool zero_point() const { return zero_point_flag || algo == Algo::kHqq; }
   // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).
   MixedStrategy mixed_strategy() const;
 };

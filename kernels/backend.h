@@ -86,7 +86,7 @@ struct HqqOptions {
   float kappa = 1.01f;
   int iters = 20;
   bool refit_scale = false;  // least-squares scale on the final codes, kept where it lowers the error
-  // Keep HQQ's fractional zero point (QuantResult::zero_points_float, rounded to the scale type) instead
+  // Keep HQQ's fractional zero point (QuantResult::float_zero_points, rounded to the scale type) instead
   // of rounding it to an integer code: for MatMulNBits, whose zero points may be floats.
   bool float_zero_point = false;
 };
@@ -178,7 +178,7 @@ class Backend {
   // weighted error falls (block_fit.h).
   virtual void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) = 0;
   // HQQ: each block's zero point by the half-quadratic proximal iterations; spec.zero_point must be set.
-  // opt.float_zero_point: the zero points are floats (out.zero_points_float; see QuantResult).
+  // opt.float_zero_point: the zero points are floats (out.float_zero_points; see QuantResult).
   virtual void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) = 0;
 
   // ---- Weight scaling (stored layout in and out)

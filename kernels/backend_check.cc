@@ -26,7 +26,7 @@ std::string same_quant(const QuantResult& want, const QuantResult& got) {
   if (want.groups != got.groups) return "groups differ";
   for (const std::string& e : {same(want.codes, got.codes, "codes"), same(want.scales, got.scales, "scales"),
                                same(want.zero_points, got.zero_points, "zero points"),
-                               same(want.zero_points_float, got.zero_points_float, "float zero points"),
+                               same(want.float_zero_points, got.float_zero_points, "float zero points"),
                                close(want.sq_error, got.sq_error, 1e-12, "sq_error")})
     if (!e.empty()) return e;
   return {};
@@ -42,14 +42,14 @@ OpCheck run(const std::string& op, Backend& ref, Backend& b, const std::vector<C
 std::vector<Case> symmetric_only(const std::vector<Case>& cs) {
   std::vector<Case> out;
   for (const Case& c : cs)
-    if (!c.zp) out.push_back(c);
+    if (!c.zero_point) out.push_back(c);
   return out;
 }
 
 std::vector<Case> zero_point_only(const std::vector<Case>& cs) {
   std::vector<Case> out;
   for (const Case& c : cs)
-    if (c.zp) out.push_back(c);
+    if (c.zero_point) out.push_back(c);
   return out;
 }
 
@@ -122,11 +122,11 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
     return std::string();
   }));
   out.push_back(run("hqq", ref, b, zero_point_only(cs), [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
-    for (bool float_zp : {false, true})
+    for (bool float_zero_point : {false, true})
       for (bool refit : {false, true}) {
         HqqOptions opt;
         opt.refit_scale = refit;
-        opt.float_zero_point = float_zp;
+        opt.float_zero_point = float_zero_point;
         QuantResult a, x;
         r.hqq(w.m, c.spec(), opt, a);
         g.hqq(w.m, c.spec(), opt, x);

@@ -5,7 +5,7 @@ namespace nibble::kernels::check {
 std::string Case::label() const {
   return dtype_name(dtype) + " k_axis " + std::to_string(k_axis) + " [K " + std::to_string(K) + ", N " +
          std::to_string(N) + "] block " + std::to_string(block) + " " + std::to_string(bits) + " bits" +
-         (zp ? " zero point" : "");
+         (zero_point ? " zero point" : "");
 }
 
 std::vector<Case> cases() {

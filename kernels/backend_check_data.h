@@ -26,9 +26,9 @@ struct Case {
   int k_axis;
   int64_t K, N, block;
   int bits;
-  bool zp;
+  bool zero_point;
   std::string label() const;
-  QuantSpec spec() const { return QuantSpec{bits, block, zp}; }
+  QuantSpec spec() const { return QuantSpec{bits, block, zero_point}; }
 };
 
 // The cases every quantizing operation runs: 3 dtypes x 2 layouts x {4 bits, 8 bits} x zero point on

@@ -187,14 +187,15 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
     return std::string();
   }));
   out.push_back(run("awq_losses", ref, b, select(cs, [](const Case& c) { return c.K == 200; }), check_losses));
-  out.push_back(run("clip_search_modelopt", ref, b, select(cs, [](const Case& c) { return !c.zp && c.bits == 4; }),
-                    check_clip_modelopt));
+  out.push_back(run("clip_search_modelopt", ref, b,
+                    select(cs, [](const Case& c) { return !c.zero_point && c.bits == 4; }), check_clip_modelopt));
   out.push_back(run("clip_quantize_gram", ref, b, cs, check_clip_gram));
   out.push_back(run("gptq", ref, b, select(cs, [](const Case& c) { return c.K == 200 && c.bits == 4; }), check_gptq));
   for (const char* op :
        {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points", "dequantize"}) {
     const std::string name = op;
-    const auto keep = name == "pack_matmulnbits_zero_points" ? select(cs, [](const Case& c) { return c.zp; }) : cs;
+    const auto keep =
+        name == "pack_matmulnbits_zero_points" ? select(cs, [](const Case& c) { return c.zero_point; }) : cs;
     out.push_back(run(name, ref, b, keep, [name](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
       return check_packs(r, g, c, w, name);
     }));

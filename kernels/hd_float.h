@@ -1,6 +1,6 @@
 // The scalar arithmetic every CUDA kernel body shares, callable from host and device (NIBBLE_HD):
-// fp16/bf16 rounding (kernels/half_float.h), round-half-even and ModelOpt's block formulas, written to
-// give exactly the bits of the CPU reference (kernels/cpu/rtn_ref.h). Here, beside the interface, so that
+// fp16/bf16 rounding (kernels/half_float.h), round-half-even and ModelOpt's block formulas, which the CPU
+// reference calls too (kernels/cpu/rtn_ref.h, kernels/clip_candidate.h). Here, beside the interface, so that
 // code both backends run (kernels/hqq_fit.h) can use it. nvcc builds it with --fmad=false and
 // g++ with -ffp-contract=off, so no product is fused into an add on either side.
 #pragma once
@@ -52,7 +52,7 @@ NIBBLE_HD inline void store(int t, void* p, int64_t i, float f) {
   else static_cast<uint16_t*>(p)[i] = t == kF16 ? float_to_half(f) : float_to_bf16(f);
 }
 
-// ---- ModelOpt's block formulas (rtn_ref.h, the definition).
+// ---- ModelOpt's block formulas, the definition (rtn_ref.h's block_params_* call these).
 struct Params {
   float scale;
   uint8_t zero_point;
@@ -71,15 +71,15 @@ NIBBLE_HD inline Params params_zero_point(float mn, float mx, int bits, int t) {
   return p;
 }
 // numpy divides fp16 arrays in fp32 and rounds the quotient to fp16; bf16 codes stay in fp32.
-NIBBLE_HD inline uint8_t quantize(float w, Params p, int bits, bool zp, int t) {
+NIBBLE_HD inline uint8_t quantize(float w, Params p, int bits, bool zero_point, int t) {
   float q = w / p.scale;
   if (t == kF16) q = round_to(t, q);
   const float r = rint(q);
-  if (zp) return uint8_t(clamp(r + float(p.zero_point), 0.0f, float((1 << bits) - 1)));
+  if (zero_point) return uint8_t(clamp(r + float(p.zero_point), 0.0f, float((1 << bits) - 1)));
   return uint8_t(int8_t(clamp(r, -float(1 << (bits - 1)), float((1 << (bits - 1)) - 1))));
 }
-NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zp) {
-  const int q = zp ? int(code) - int(p.zero_point) : int(int8_t(code));
+NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zero_point) {
+  const int q = zero_point ? int(code) - int(p.zero_point) : int(int8_t(code));
   return float(q) * p.scale;
 }
 

@@ -38,7 +38,10 @@ struct WeightMatrix {
 struct QuantSpec {
   int bits = 4;             // 4 or 8
   int64_t block = 128;      // resolved block length along K (K itself for per-channel)
-  bool zero_point = false;  // asymmetric codes in [0, 2^bits - 1] with a zero point per block
+  // Asymmetric codes in [0, 2^bits - 1] with a zero point per block. The one name everywhere: a bool
+  // `zero_point` says the format stores zero points (`zp` in a function's locals), `zero_points` hold
+  // them, and `float_zero_point(s)` is HQQ's fractional kind (QuantResult::float_zero_points).
+  bool zero_point = false;
   // Type the scales are rounded to when it differs from the data's (nibble-mode AWQ quantizes an
   // fp32 W ⊙ s of an fp16/bf16 weight); kUndefined: the data's own dtype.
   DType scale_dtype = DType::kUndefined;
@@ -62,7 +65,7 @@ struct QuantResult {
   // Fractional zero points (HqqOptions::float_zero_point), laid out as scales and exactly representable
   // in their type: a code c stands for (c - z) * s. Empty otherwise. With them, zero_points hold only
   // the nearest code to each z (what padding in a packed layout carries), not what the codes used.
-  std::vector<float> zero_points_float;
+  std::vector<float> float_zero_points;
   // The 4-bit codes already in ONNX INT4/UINT4 raw_data packing (two a byte, low nibble first), as a
   // device backend brings them back (half the bytes of `codes`); empty when the backend did not (the
   // CPU, 8 bits). Backend::pack_onnx_codes returns them as they are. `codes` holds the same codes.

@@ -111,7 +111,7 @@ const std::vector<float>* awq_quantizer_clip_ratios(const QuantizeOptions& o) {
 bool rtn_searches_scale(const QuantizeOptions& o) {
   // With a zero point both arithmetics keep plain min/max RTN: nibble's zero-point search measured worse
   // perplexity than min/max (bench/RESULTS.md).
-  if ((o.algo != Algo::kRtn && o.algo != Algo::kRtnDq) || o.use_zero_point) return false;
+  if ((o.algo != Algo::kRtn && o.algo != Algo::kRtnDq) || o.zero_point_flag) return false;
   switch (o.arithmetic) {
     case Arithmetic::kModelOpt: return modelopt::kRtnSearchesScale;
     case Arithmetic::kNibble: break;
@@ -132,7 +132,7 @@ bool gather_zero_point(const QuantizeOptions& o) {
     case Arithmetic::kModelOpt: return modelopt::gather_zero_point(o);
     case Arithmetic::kNibble: break;
   }
-  return o.use_zero_point;
+  return o.zero_point_flag;
 }
 
 void quantize_gather(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,

@@ -76,7 +76,7 @@ inline kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions
   kernels::QuantSpec s;
   s.bits = pw.bits;
   s.block = pw.resolved_block();
-  s.zero_point = o.use_zero_point;
+  s.zero_point = o.zero_point_flag;
   return s;
 }
 

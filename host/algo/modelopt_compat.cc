@@ -149,7 +149,7 @@ void ask_token_sample(Calibration::Extras* extras) { extras->sample_tokens = kCl
 
 TokenSampleClipSearch::TokenSampleClipSearch(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend)
     : o_(o), calib_(calib), backend_(backend) {
-  if (o.use_zero_point && o.algo == Algo::kAwqClip)
+  if (o.zero_point_flag && o.algo == Algo::kAwqClip)
     spdlog::warn("--use_zero_point: ModelOpt's awq_clip ignores it (modelopt mode writes symmetric INT4)");
 }
 
@@ -207,7 +207,7 @@ void quantize_awq_scaled(kernels::Backend& backend, const kernels::WeightMatrix&
 
 bool writes_zero_point(const QuantizeOptions& o) { return o.zero_point() && o.algo != Algo::kAwqClip; }
 
-bool gather_zero_point(const QuantizeOptions& o) { return o.use_zero_point && o.algo == Algo::kAwqLite; }
+bool gather_zero_point(const QuantizeOptions& o) { return o.zero_point_flag && o.algo == Algo::kAwqLite; }
 
 void quantize_gather(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
                      kernels::QuantResult& q) {

@@ -110,7 +110,7 @@ Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& sp
                            const std::vector<uint8_t>* qdq_float) {
   const uint64_t before = bytes_;
   const Format used = format_for(pw);
-  if (used != Format::kMatMulNBits && !q.zero_points_float.empty())
+  if (used != Format::kMatMulNBits && !q.float_zero_points.empty())
     throw Error("internal: '" + pw.weight + "' has float zero points, which only MatMulNBits carries");
   std::string quantize_input;
   if (used == Format::kQdq && qdq_float) {
@@ -250,7 +250,7 @@ bool GraphRewriter::emit_shared_table(const PlannedWeight& table, uint64_t* byte
   if (table.k_axis != 1) *why = "the table is quantized along axis 0, MatMulNBits along H";
   else if (table.cols % t.block != 0)
     *why = "H = " + std::to_string(table.cols) + " is not a multiple of the block " + std::to_string(t.block);
-  if (why->empty() && t.float_zero_points)
+  if (why->empty() && t.float_zero_point)
     *why = "its zero points are floats (hqq), GatherBlockQuantized takes integer ones";
   const bool own_zp = !t.zero_points.empty() && t.bits == 4 && t.groups % 2 != 0;
   if (why->empty() && own_zp && t.zero_points_vg.empty()) *why = "internal: its zero points were not kept";
@@ -287,10 +287,10 @@ std::string GraphRewriter::add_matmulnbits_zero_points(const PlannedWeight& pw, 
   if (!spec.zero_point) return {};
   const int64_t N = pw.N(), G = q.groups;
   const std::string zps = unique_name(pw.weight + "_zero_points");
-  if (!q.zero_points_float.empty()) {  // T1 zero points [N, G], the scales' type: (q - z) * s with a fractional z
+  if (!q.float_zero_points.empty()) {  // T1 zero points [N, G], the scales' type: (q - z) * s with a fractional z
     std::vector<float> z(size_t(N * G));
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t g = 0; g < G; ++g) z[size_t(n * G + g)] = q.zero_points_float[shape.param_index(G, g, n)];
+      for (int64_t g = 0; g < G; ++g) z[size_t(n * G + g)] = q.float_zero_points[shape.param_index(G, g, n)];
     add_initializer(zps, int(pw.dtype), {N, G}, encode_floats(pw.dtype, z));
   } else {
     const int64_t row = spec.bits == 8 ? G : (G + 1) / 2;
@@ -319,13 +319,13 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
     rep.groups = Gl;
     rep.scales.resize(size_t(Gl * N));
     rep.zero_points.resize(q.zero_points.empty() ? 0 : size_t(Gl * N));
-    rep.zero_points_float.resize(q.zero_points_float.empty() ? 0 : size_t(Gl * N));
+    rep.float_zero_points.resize(q.float_zero_points.empty() ? 0 : size_t(Gl * N));
     for (int64_t g = 0; g < Gl; ++g)
       for (int64_t n = 0; n < N; ++n) {
         const size_t i = shape.param_index(Gl, g, n);
         rep.scales[i] = q.scales[size_t(n)];
         if (!rep.zero_points.empty()) rep.zero_points[i] = q.zero_points[size_t(n)];
-        if (!rep.zero_points_float.empty()) rep.zero_points_float[i] = q.zero_points_float[size_t(n)];
+        if (!rep.float_zero_points.empty()) rep.float_zero_points[i] = q.float_zero_points[size_t(n)];
       }
     lspec.block = layout_block;
     qp = &rep;
@@ -337,9 +337,9 @@ void GraphRewriter::emit_matmulnbits(const PlannedWeight& pw, const kernels::Qua
   const std::string scales = unique_name(pw.weight + "_scales");
   add_initializer(scales, int(pw.dtype), {N, G}, encode_floats(pw.dtype, backend_.matmulnbits_scales(shape, *qp)));
   const std::string zps = add_matmulnbits_zero_points(pw, shape, lspec, *qp);
-  const bool float_zp = !qp->zero_points_float.empty();
-  nbits_[pw.weight] = {b, scales, zps, layout_block, G, spec.bits, {}, float_zp};
-  if (spec.zero_point && !float_zp && keep_zp_.count(pw.weight)) {
+  const bool float_zero_point = !qp->float_zero_points.empty();
+  nbits_[pw.weight] = {b, scales, zps, layout_block, G, spec.bits, {}, float_zero_point};
+  if (spec.zero_point && !float_zero_point && keep_zero_points_.count(pw.weight)) {
     std::vector<uint8_t>& z = nbits_[pw.weight].zero_points_vg;
     z.resize(size_t(N * G));
     for (int64_t n = 0; n < N; ++n)

@@ -45,7 +45,7 @@ class GraphRewriter {
   bool emit_shared_table(const PlannedWeight& table, uint64_t* bytes_out, std::string* why);
   // Weights some table is tied to: emit keeps their zero points, which a table sharing the codes
   // may need packed its own way.
-  void keep_zero_points_of(const std::string& weight) { keep_zp_.insert(weight); }
+  void keep_zero_points_of(const std::string& weight) { keep_zero_points_.insert(weight); }
 
   // Replaces the data of an existing initializer (an AWQ scale folded into a norm's gamma, ...).
   void set_initializer_data(const std::string& name, const std::vector<uint8_t>& bytes,
@@ -102,9 +102,9 @@ class GraphRewriter {
     int64_t block = 0, groups = 0;
     int bits = 4;
     std::vector<uint8_t> zero_points_vg;  // [N, G] codes, kept for keep_zero_points_of weights
-    bool float_zero_points = false;
+    bool float_zero_point = false;
   };
-  std::set<std::string> keep_zp_;
+  std::set<std::string> keep_zero_points_;
   std::map<std::string, NBitsTensors> nbits_;
   uint64_t bytes_ = 0;
   bool used_dq_ = false, used_contrib_ = false;

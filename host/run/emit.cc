@@ -54,13 +54,13 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const kernel
 
 // A result of the right sizes and no meaning: what a replayed weight hands the rewriter, whose writer
 // takes the bytes from the stopped run (ModelWriter::begin_replay).
-kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec, bool float_zp) {
+kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSpec& spec, bool float_zero_point) {
   kernels::QuantResult q;
   q.groups = (pw.K() + spec.block - 1) / spec.block;
   q.codes.assign(size_t(pw.rows * pw.cols), 0);
   q.scales.assign(size_t(q.groups * pw.N()), 1.0f);
-  if (float_zp) q.zero_points_float.assign(q.scales.size(), 0.0f);  // beside the integer ones, as hqq's result
-  if (spec.zero_point || float_zp) q.zero_points.assign(q.scales.size(), 0);
+  if (float_zero_point) q.float_zero_points.assign(q.scales.size(), 0.0f);  // beside the integer ones, as hqq's result
+  if (spec.zero_point || float_zero_point) q.zero_points.assign(q.scales.size(), 0);
   return q;
 }
 
@@ -77,15 +77,15 @@ kernels::RtnSearchOptions rtn_lsq_options() {
 // points); ONNX DequantizeLinear (dq, qdq, a Gemm's dq fallback) takes integer ones only, and ONNX
 // Runtime's CPU MatMulNBits computes float zero points at 4 bits only ("Only 4b quantization is supported
 // for unpacked compute"), so 8-bit layers keep integer ones.
-bool float_zero_points(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
+bool writes_float_zero_point(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
   return pw.bits == 4 && zero_points_of(o, rewriter.format_for(pw)) == ZeroPoints::kFloat;
 }
 
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
-                              const std::vector<float>* s, Searched& searched, bool float_zp,
+                              const std::vector<float>* s, Searched& searched, bool float_zero_point,
                               kernels::Backend& backend) {
   kernels::QuantResult q;
-  if (searched.replay) return placeholder(pw, p.spec, float_zp);
+  if (searched.replay) return placeholder(pw, p.spec, float_zero_point);
   if (searched.gptq) {
     searched.gptq->quantize(pw, p.w, p.spec, s, q);
   } else if (o.searches_clip()) {
@@ -97,7 +97,7 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
   } else if (o.algo == Algo::kHqq) {
     kernels::HqqOptions h;
-    h.float_zero_point = float_zp;
+    h.float_zero_point = float_zero_point;
     backend.hqq(p.w, p.spec, h, q);
   } else if (rtn_searches_scale(o)) {
     backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
@@ -119,7 +119,7 @@ nlohmann::json weight_entry(const PlannedWeight& pw, const kernels::QuantSpec& s
           {"dtype", dtype_name(pw.dtype)}, {"layer", pw.layer},
           {"role", pw.role},           {"bits", pw.bits},
           {"block_size", pw.block},    {"zero_point", spec.zero_point},
-          {"zero_point_type", !q.zero_points_float.empty() ? dtype_name(pw.dtype) : spec.zero_point ? "code" : "none"},
+          {"zero_point_type", !q.float_zero_points.empty() ? dtype_name(pw.dtype) : spec.zero_point ? "code" : "none"},
           {"format", name_of(used)},   {"mse", q.sq_error / double(n)},
           {"bytes_in", uint64_t(n) * dtype_size(pw.dtype)}, {"bytes_out", bytes},
           {"seconds", secs}};
@@ -265,8 +265,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     Prepared p = prepare(o, pw, searched.kept.take(pw, v.data), sp, cd == column_divisors.end() ? nullptr : &cd->second,
                          e.zero_point, backend);
     if (kept.resident) p.w = kept;  // kept ahead (read_as_stored): the backend reads its own copy
-    const bool float_zp = float_zero_points(o, pw, rewriter);
-    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zp, backend);
+    const bool float_zero_point = writes_float_zero_point(o, pw, rewriter);
+    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zero_point, backend);
     if (searched.on_quantized && !searched.replay)
       searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
     uint64_t bytes = 0;

@@ -32,7 +32,7 @@ int run_inspect(const std::string& model_path, const std::vector<std::string>& n
               m.graph().initializer_size(), human_bytes(init_bytes).c_str(), files.size() - 1);
   std::printf("\n%-4s %-48s %-44s %-16s %-5s %-6s %s\n", "#", "weight", "node", "shape [stored]", "dtype", "layer",
               "size");
-  uint64_t q_in = 0, q_out = 0, zp_codes = 0, zp_float = 0;
+  uint64_t q_in = 0, q_out = 0, code_zero_point_bytes = 0, float_zero_point_bytes = 0;
   int idx = 0;
   for (const auto& pw : plan.weights) {
     const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
@@ -40,8 +40,8 @@ int run_inspect(const std::string& model_path, const std::vector<std::string>& n
     const uint64_t out = uint64_t(pw.rows * pw.cols + 1) / 2 + uint64_t(G * pw.N()) * dtype_size(pw.dtype);
     q_in += in;
     q_out += out;
-    zp_codes += uint64_t(G * pw.N() + 1) / 2;
-    zp_float += uint64_t(G * pw.N()) * dtype_size(pw.dtype);
+    code_zero_point_bytes += uint64_t(G * pw.N() + 1) / 2;
+    float_zero_point_bytes += uint64_t(G * pw.N()) * dtype_size(pw.dtype);
     char shape[48];
     std::snprintf(shape, sizeof shape, "[%lld, %lld]%s", static_cast<long long>(pw.rows),
                   static_cast<long long>(pw.cols), pw.k_axis ? " T" : "");
@@ -52,7 +52,7 @@ int run_inspect(const std::string& model_path, const std::vector<std::string>& n
               human_bytes(q_in).c_str(), human_bytes(q_out).c_str(), static_cast<long long>(block_size));
   std::printf("zero points add about %s (--use_zero_point, or --algo hqq in dq/qdq: INT4 codes), %s with --algo "
               "hqq --format matmulnbits (fractional zero points in the weights' float type)\n",
-              human_bytes(zp_codes).c_str(), human_bytes(zp_float).c_str());
+              human_bytes(code_zero_point_bytes).c_str(), human_bytes(float_zero_point_bytes).c_str());
   std::printf("%zu sibling groups (weights sharing one input)\n", plan.siblings.size());
   for (const auto& pw : plan.gathers) {
     const uint64_t in = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);

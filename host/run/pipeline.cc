@@ -24,7 +24,7 @@ void warn_inert_flags(const QuantizeOptions& o) {
   if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
     spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", o.gptq_percdamp,
                  name_of(o.algo));
-  if (o.algo == Algo::kHqq && !o.use_zero_point)
+  if (o.algo == Algo::kHqq && !o.zero_point_flag)
     spdlog::info("--algo hqq: writes UINT4/UINT8 codes with zero points (HQQ fits the zero point), as with "
                  "--use_zero_point");
   if (o.algo == Algo::kHqq && o.resolved_format() != Format::kMatMulNBits)

@@ -17,7 +17,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"output_path", o.output_path},
           {"algo", name_of(o.algo)},
           {"block_size", o.block_size},
-          {"use_zero_point", o.use_zero_point},
+          {"use_zero_point", o.zero_point_flag},
           {"awqlite_alpha_step", o.awqlite_alpha_step},
           {"awqlite_run_per_subgraph", o.awqlite_run_per_subgraph},
           {"awqlite_disable_fuse_nodes", o.awqlite_disable_fuse_nodes},

@@ -30,11 +30,12 @@ inline double importance(FitWeight how, float x, double rms) {
 
 // The weighted squared error of RTN codes under p; `t` is the weight's dtype (what dequantization
 // rounds to, and what the code quotient is computed in).
-inline double block_error(const float* x, int64_t n, const BlockParams& p, int bits, bool zp, DType t,
+inline double block_error(const float* x, int64_t n, const BlockParams& p, int bits, bool zero_point, DType t,
                           FitWeight how, double rms) {
   double e = 0;
   for (int64_t k = 0; k < n; ++k) {
-    const float d = x[k] - round_to(t, dequantize_value(quantize_value(x[k], p, bits, zp, t), p, bits, zp));
+    const float d =
+        x[k] - round_to(t, dequantize_value(quantize_value(x[k], p, bits, zero_point, t), p, bits, zero_point));
     e += importance(how, x[k], rms) * double(d) * double(d);
   }
   return e;
@@ -224,28 +225,30 @@ void with_hqq_fit(int bits, DType t, DType st, const HqqOptions& o, const Drive&
 
 // What the per-block drivers (search_ref.cc, search_fast.cc) do with a block's parameters, for either
 // kind: its codes, the value a code stands for, and where the parameters go in the result.
-inline uint8_t code_of(float x, const BlockParams& p, int bits, bool zp, DType t) {
-  return quantize_value(x, p, bits, zp, t);
+inline uint8_t code_of(float x, const BlockParams& p, int bits, bool zero_point, DType t) {
+  return quantize_value(x, p, bits, zero_point, t);
 }
 inline uint8_t code_of(float x, const FloatZeroParams& p, int bits, bool, DType) { return quantize_float_zero(x, p, bits); }
-inline float value_of(uint8_t c, const BlockParams& p, int bits, bool zp) { return dequantize_value(c, p, bits, zp); }
+inline float value_of(uint8_t c, const BlockParams& p, int bits, bool zero_point) {
+  return dequantize_value(c, p, bits, zero_point);
+}
 inline float value_of(uint8_t c, const FloatZeroParams& p, int, bool) { return dequantize_float_zero(c, p); }
-inline void store_params(QuantResult& out, size_t i, const BlockParams& p, bool zp, int) {
+inline void store_params(QuantResult& out, size_t i, const BlockParams& p, bool zero_point, int) {
   out.scales[i] = p.scale;
-  if (zp) out.zero_points[i] = p.zero_point;
+  if (zero_point) out.zero_points[i] = p.zero_point;
 }
 inline void store_params(QuantResult& out, size_t i, const FloatZeroParams& p, bool, int bits) {
   out.scales[i] = p.scale;
-  out.zero_points_float[i] = p.zero;
+  out.float_zero_points[i] = p.zero;
   out.zero_points[i] = nearest_zero_code(p.zero, bits);
 }
 // Sizes the result's parameter arrays for G x N blocks of parameters P.
 template <class P>
-void size_params(QuantResult& out, int64_t GN, bool zp) {
+void size_params(QuantResult& out, int64_t GN, bool zero_point) {
   constexpr bool kFloat = std::is_same_v<P, FloatZeroParams>;  // zero_points then hold rint(z), clamped
   out.scales.assign(size_t(GN), 0.0f);
-  out.zero_points.assign(zp ? size_t(GN) : 0, 0);
-  out.zero_points_float.assign(kFloat ? size_t(GN) : 0, 0.0f);
+  out.zero_points.assign(zero_point ? size_t(GN) : 0, 0);
+  out.float_zero_points.assign(kFloat ? size_t(GN) : 0, 0.0f);
 }
 
 }  // namespace nibble::kernels::fit

@@ -63,16 +63,11 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
     // When no loss is below +inf (a NaN or inf in the Gram block), candidate 0 stays: never an
     // unset scale.
     for (int64_t c = 0; c < nc; ++c)
-      best[size_t(c)] = zp ? block_params_zero_point(ratios[0] * mn[size_t(c)], ratios[0] * mx[size_t(c)], spec.bits, st)
-                           : block_params_symmetric(ratios[0] * amax[size_t(c)], spec.bits, st);
+      best[size_t(c)] = clip_candidate(ratios, 0, amax[size_t(c)], mn[size_t(c)], mx[size_t(c)], spec.bits, zp, st);
     for (int64_t ci = 0; ci < C; ++ci) {
-      const float r = ratios[size_t(ci % R)];
-      for (int64_t c = 0; c < nc; ++c) {
-        BlockParams p = zp ? block_params_zero_point(r * mn[size_t(c)], r * mx[size_t(c)], spec.bits, st)
-                           : block_params_symmetric(r * amax[size_t(c)], spec.bits, st);
-        if (ci >= R) p.scale = -p.scale;
-        cand[size_t(c)] = p;
-      }
+      const float r = ratios[size_t(ci % R)];  // the ratio reported as chosen
+      for (int64_t c = 0; c < nc; ++c)
+        cand[size_t(c)] = clip_candidate(ratios, ci, amax[size_t(c)], mn[size_t(c)], mx[size_t(c)], spec.bits, zp, st);
       if (!zp && dt != DType::kFloat32) {
         // fp16 / bf16: quantize_value / dequantize_value inlined (fp16 quotient rounded to fp16,
         // the dequantized value rounded to the weight dtype)

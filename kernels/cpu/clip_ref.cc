@@ -50,6 +50,7 @@ std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& 
       }
     for (int64_t r = 0; r < R; ++r)
       for (int64_t l = 0; l < lanes; ++l) {
+        // ModelOpt's step, not clip_candidate: the ratio and r·amax are rounded to the weight dtype (numpy).
         const BlockParams p = block_params_symmetric(round_to(dt, amax[l] * rr[size_t(r)]), spec.bits, dt);
         for (int64_t i = 0; i < kn; ++i) {
           const uint8_t c = quantize_value(wb[size_t(i * L + l)], p, spec.bits, false, dt);
@@ -121,6 +122,7 @@ void rtn_quantize_ratios(const WeightMatrix& w, const QuantSpec& spec, const flo
       const int64_t k0 = g * bs, k1 = std::min(K, k0 + bs);
       float amax = 0;
       for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(load_float(dt, w.data, w.index(k, n))));
+      // ModelOpt's step, not clip_candidate: the ratio and r·amax are rounded to the weight dtype (numpy).
       const BlockParams p =
           block_params_symmetric(round_to(dt, amax * round_to(dt, ratio_ng[n * G + g])), spec.bits, dt);
       out.scales[w.param_index(G, g, n)] = p.scale;
@@ -142,19 +144,6 @@ void rtn_quantize_ratios(const WeightMatrix& w, const QuantSpec& spec, const flo
 }  // namespace nibble::kernels
 
 namespace nibble::kernels {
-namespace {
-
-// The block's candidate `ci`: ratio r of its symmetric scale (or of its [min, max]), negated for ci >= R.
-BlockParams clip_candidate(const std::vector<float>& ratios, int64_t ci, float amax, float mn, float mx, int bits,
-                           bool zp, DType st) {
-  const int64_t R = int64_t(ratios.size());
-  const float r = ratios[size_t(ci % R)];
-  BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, bits, st) : block_params_symmetric(r * amax, bits, st);
-  if (ci >= R) p.scale = -p.scale;
-  return p;
-}
-
-}  // namespace
 
 void clip_quantize_gram_ref(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
                             const float* inv_s, const GramClipOptions& opt, QuantResult& out,

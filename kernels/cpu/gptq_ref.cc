@@ -110,10 +110,7 @@ BlockParams gptq_block_params(const float* v, const float* weight, int64_t n, bo
   BlockParams best = zp ? block_params_zero_point(mn, mx, spec.bits, st) : block_params_symmetric(amax, spec.bits, st);
   double best_err = INFINITY;
   for (size_t c = 0; c < C; ++c) {
-    const float r = opt.ratios[c % R];
-    BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, spec.bits, st)
-                       : block_params_symmetric(r * amax, spec.bits, st);
-    if (c >= R) p.scale = -p.scale;
+    const BlockParams p = clip_candidate(opt.ratios, int64_t(c), amax, mn, mx, spec.bits, zp, st);
     double err = 0;
     for (int64_t t = 0; t < n; ++t) {
       const uint8_t q = quantize_value(v[t], p, spec.bits, zp, DType::kFloat32);

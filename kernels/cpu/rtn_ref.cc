@@ -26,22 +26,20 @@ void check_spec(const QuantSpec& spec) {
   if (spec.block <= 0) throw std::invalid_argument("block must be positive");
 }
 
-float min_scale(DType t) { return round_to(t, 1e-5f); }
+float min_scale(DType t) { return hd::min_scale(int(t)); }
 
+// The formulas are written once, NIBBLE_HD, for every backend (kernels/hd_float.h).
 BlockParams block_params_symmetric(float amax, int bits, DType t) {
-  const float qmax = float((1 << (bits - 1)) - 1);
   BlockParams p;
-  p.scale = std::max(round_to(t, amax / qmax), min_scale(t));
+  p.scale = hd::params_symmetric(amax, bits, int(t)).scale;
   return p;
 }
 
 BlockParams block_params_zero_point(float mn, float mx, int bits, DType t) {
-  const float maxq = float((1 << bits) - 1);
+  const hd::Params h = hd::params_zero_point(mn, mx, bits, int(t));
   BlockParams p;
-  const float range = std::max(round_to(t, mx - mn), min_scale(t));
-  p.scale = round_to(t, range / maxq);
-  const float z = -std::nearbyint(round_to(t, mn / p.scale));
-  p.zero_point = uint8_t(std::clamp(z, 0.0f, maxq));
+  p.scale = h.scale;
+  p.zero_point = h.zero_point;
   return p;
 }
 
@@ -167,16 +165,12 @@ void rtn_quantize_weighted(const WeightMatrix& w, const QuantSpec& spec, const f
       }
       const DType st = scale_type(spec, w.dtype);
       // Candidate 0 when none has an error below +inf (NaN or inf energy): never an unset scale.
-      BlockParams best = zp ? block_params_zero_point(ratios[0] * mn, ratios[0] * mx, spec.bits, st)
-                            : block_params_symmetric(ratios[0] * amax, spec.bits, st);
+      BlockParams best = clip_candidate(ratios, 0, amax, mn, mx, spec.bits, zp, st);
       double best_err = INFINITY;
+      // The second half of the candidates negates the scale: the block's extreme value then lands on
+      // the otherwise unused code -2^(b-1) (ONNX Runtime's 16-level symmetric grid).
       for (size_t ri = 0; ri < ratios.size() * (zp ? 1 : 2); ++ri) {
-        const float r = ratios[ri % ratios.size()];
-        BlockParams p = zp ? block_params_zero_point(r * mn, r * mx, spec.bits, st)
-                           : block_params_symmetric(r * amax, spec.bits, st);
-        // The second half of the candidates negates the scale: the block's extreme value then
-        // lands on the otherwise unused code -2^(b-1) (ONNX Runtime's 16-level symmetric grid).
-        if (ri >= ratios.size()) p.scale = -p.scale;
+        const BlockParams p = clip_candidate(ratios, int64_t(ri), amax, mn, mx, spec.bits, zp, st);
         double err = 0;
         for (int64_t k = k0; k < k1; ++k) {
           const float x = v[size_t(k - k0)];

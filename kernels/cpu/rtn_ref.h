@@ -5,7 +5,9 @@
 // the scale and divides in fp32).
 #pragma once
 #include <cstdint>
+#include <vector>
 
+#include "kernels/clip_candidate.h"
 #include "kernels/quant_types.h"
 
 namespace nibble::kernels {
@@ -27,6 +29,17 @@ BlockParams block_params_symmetric(float amax, int bits, DType t);
 // Zero point: s = max(mx - mn, 1e-5) / (2^b - 1), z = clip(-rint(mn / s), 0, 2^b - 1).
 // mn/mx must already include the zero padding of a partial block.
 BlockParams block_params_zero_point(float mn, float mx, int bits, DType t);
+
+// Candidate ci of a clip search over `ratios` (kernels/clip_candidate.h, the step every backend shares).
+inline BlockParams clip_candidate(const std::vector<float>& ratios, int64_t ci, float amax, float mn, float mx,
+                                  int bits, bool zero_point, DType st) {
+  const hd::Params p =
+      hd::clip_candidate(ratios.data(), int64_t(ratios.size()), ci, amax, mn, mx, bits, zero_point, int(st));
+  BlockParams b;
+  b.scale = p.scale;
+  b.zero_point = p.zero_point;
+  return b;
+}
 
 // Code byte of one value: two's complement in [-2^(b-1), 2^(b-1)-1] (symmetric) or the unsigned
 // code in [0, 2^b - 1] (zero point).

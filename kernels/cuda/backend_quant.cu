@@ -211,7 +211,7 @@ void CudaBackend::hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOpt
   const int64_t G = num_blocks(w.K(), spec.block), N = w.N();
   const int st = shape.scale_dtype;
   const bool narrow = st == hd::kF16 || st == hd::kBF16;
-  out.zero_points_float.assign(narrow ? 0 : size_t(G * N), 0.0f);
+  out.float_zero_points.assign(narrow ? 0 : size_t(G * N), 0.0f);
   std::vector<uint16_t> z16_host(narrow ? size_t(G * N) : 0);
   const size_t zsz = narrow ? 2 : 4;
   quantize_panels(
@@ -226,7 +226,7 @@ void CudaBackend::hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOpt
         }
         const void* src = narrow ? static_cast<const void*>(z16.get()) : static_cast<const void*>(z.get());
         auto* dst = narrow ? reinterpret_cast<uint8_t*>(z16_host.data())
-                           : reinterpret_cast<uint8_t*>(out.zero_points_float.data());
+                           : reinterpret_cast<uint8_t*>(out.float_zero_points.data());
         const size_t row = size_t(p.width) * zsz;
         dev_->synchronize();
         if (w.k_axis == 0)  // [G, N]: the panel's columns of every row
@@ -236,9 +236,9 @@ void CudaBackend::hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOpt
       },
       uint64_t(G) * (4 + 2));
   if (narrow) {
-    out.zero_points_float.resize(z16_host.size());
+    out.float_zero_points.resize(z16_host.size());
     for (size_t i = 0; i < z16_host.size(); ++i)
-      out.zero_points_float[i] = st == hd::kF16 ? hd::half_to_float(z16_host[i]) : hd::bf16_to_float(z16_host[i]);
+      out.float_zero_points[i] = st == hd::kF16 ? hd::half_to_float(z16_host[i]) : hd::bf16_to_float(z16_host[i]);
   }
 }
 

@@ -34,7 +34,8 @@ struct ClipResidualBody {
     const BlockRange b = range[(k / s.block) * N + n];
     const hd::Params p = candidate(ratios, R, ci, b.amax, b.mn, b.mx, s);
     const float v = w.at(k, n);
-    d[i] = v - hd::round_to(w.dtype, hd::dequantize(hd::quantize(v, p, s.bits, s.zp, w.dtype), p, s.zp));
+    d[i] = v -
+           hd::round_to(w.dtype, hd::dequantize(hd::quantize(v, p, s.bits, s.zero_point, w.dtype), p, s.zero_point));
   }
 };
 

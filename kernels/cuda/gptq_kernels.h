@@ -87,7 +87,7 @@ NIBBLE_HD inline hd::Params gptq_block_params(const GptqColumn& v, const float* 
     mn = hd::min(mn, x);
     mx = hd::max(mx, x);
   }
-  hd::Params best = s.zp ? hd::params_zero_point(mn, mx, s.bits, s.scale_dtype)
+  hd::Params best = s.zero_point ? hd::params_zero_point(mn, mx, s.bits, s.scale_dtype)
                          : hd::params_symmetric(amax, s.bits, s.scale_dtype);
   double best_err = INFINITY;
   for (int64_t c = 0; c < C; ++c) {
@@ -95,8 +95,8 @@ NIBBLE_HD inline hd::Params gptq_block_params(const GptqColumn& v, const float* 
     double err = 0;
     for (int64_t t = 0; t < n; ++t) {
       const float x = v[t];
-      const uint8_t q = hd::quantize(x, p, s.bits, s.zp, hd::kF32);
-      const double d = double(x) - double(hd::round_to(s.scale_dtype, hd::dequantize(q, p, s.zp)));
+      const uint8_t q = hd::quantize(x, p, s.bits, s.zero_point, hd::kF32);
+      const double d = double(x) - double(hd::round_to(s.scale_dtype, hd::dequantize(q, p, s.zero_point)));
       err += double(weight[t]) * d * d;
     }
     if (err < best_err) {
@@ -150,7 +150,7 @@ struct GptqBatchBody {
     const hd::Params best = gptq_block_params(v, ch.energy + k0, len, len < s.block, s, ratios, R, C);
     const int64_t pi = p.dst.param((K + s.block - 1) / s.block, g, n);
     o.scales[pi] = best.scale;
-    if (s.zp) o.zero_points[pi] = best.zero_point;
+    if (s.zero_point) o.zero_points[pi] = best.zero_point;
   }
 
   NIBBLE_HD void operator()(int64_t n) const {
@@ -159,10 +159,10 @@ struct GptqBatchBody {
       const int64_t k = ch.perm[i], g = k / s.block;
       if (ch.fix[i] >= 0) fix_block(g, i, n);
       const int64_t pi = p.dst.param(G, g, n);
-      const hd::Params prm{o.scales[pi], s.zp ? o.zero_points[pi] : uint8_t(0)};
+      const hd::Params prm{o.scales[pi], s.zero_point ? o.zero_points[pi] : uint8_t(0)};
       const float d = U[i * K + i], x = p.wc[i * W + n];
-      const uint8_t q = hd::quantize(x, prm, s.bits, s.zp, hd::kF32);
-      const float deq = hd::round_to(s.scale_dtype, hd::dequantize(q, prm, s.zp));
+      const uint8_t q = hd::quantize(x, prm, s.bits, s.zero_point, hd::kF32);
+      const float deq = hd::round_to(s.scale_dtype, hd::dequantize(q, prm, s.zero_point));
       o.codes[p.dst.index(k, n)] = q;
       const double e = double(p.src.at(k, n)) - double(deq);
       p.sq[(i - b0) * W + n] = e * e;

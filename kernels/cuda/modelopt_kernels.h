@@ -40,6 +40,7 @@ struct MoClipCandidatesBody {
     }
     float amax = 0.0f;
     for (int64_t i = 0; i < kn; ++i) amax = hd::max(amax, hd::fabs(w.at(k0 + i, n)));
+    // ModelOpt's step, not clip_candidate: the ratio and r·amax are rounded to the weight dtype (numpy).
     const hd::Params p = hd::params_symmetric(hd::round_to(dt, amax * ratios[s]), bits, dt);
     for (int64_t i = 0; i < B; ++i)
       out[i * W] = i < kn ? hd::round_to(dt, hd::dequantize(hd::quantize(w.at(k0 + i, n), p, bits, false, dt), p, false))

@@ -52,10 +52,10 @@ struct RtnWarpBlocks {
     const int64_t K = w.K(), G = (K + s.block - 1) / s.block, n = item / G, g = item % G;
     const int64_t k0 = g * s.block, k1 = k0 + s.block < K ? k0 + s.block : K;
     if constexpr (P == 0) {
-      float lo = s.zp ? INFINITY : 0.0f, hi = -INFINITY;
+      float lo = s.zero_point ? INFINITY : 0.0f, hi = -INFINITY;
       for (int64_t k = k0 + j; k < k1; k += kWarp) {
         const float v = w.at(k, n);
-        if (s.zp) {
+        if (s.zero_point) {
           lo = hd::min(lo, v), hi = hd::max(hi, v);
         } else {
           lo = AmaxOp{}(lo, hd::fabs(v));
@@ -65,13 +65,13 @@ struct RtnWarpBlocks {
     } else if constexpr (P == 1) {
       // Every lane of the warp takes part in the reductions (shuffles); lane 0 has their results.
       float lo, hi = 0.0f;
-      if (s.zp) {
+      if (s.zero_point) {
         lo = warp_tree_reduce(ws.lo, j, MinOp{}), hi = warp_tree_reduce(ws.hi, j, MaxOp{});
       } else {
         lo = warp_tree_reduce(ws.lo, j, AmaxOp{});
       }
       if (j != 0) return;
-      if (!s.zp) {
+      if (!s.zero_point) {
         ws.p = hd::params_symmetric(lo, s.bits, w.dtype);
       } else if (k1 - k0 < s.block) {  // ModelOpt zero-pads the last block
         ws.p = hd::params_zero_point(hd::min(0.0f, lo), hd::max(0.0f, hi), s.bits, w.dtype);
@@ -84,9 +84,9 @@ struct RtnWarpBlocks {
       for (int64_t k = k0 + j; k < k1; k += kWarp) {
         const int64_t i = w.index(k, n);
         const float v = hd::load(w.dtype, w.data, i);
-        const uint8_t c = hd::quantize(v, p, s.bits, s.zp, w.dtype);
+        const uint8_t c = hd::quantize(v, p, s.bits, s.zero_point, w.dtype);
         o.codes[i] = c;
-        const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zp)));
+        const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
         err += d * d;
       }
       ws.err[j] = err;

@@ -5,6 +5,7 @@
 // backend sums those in a fixed order. (Plain RTN of a [N, K] weight, where a block's values are
 // adjacent, runs a warp per block instead: rtn_blocks.h.)
 #pragma once
+#include "kernels/clip_candidate.h"
 #include "kernels/cuda/hd_float.h"
 
 namespace nibble::kernels::gpu {
@@ -32,7 +33,7 @@ struct QuantOut {
 struct BlockShape {
   int bits;
   int64_t block;
-  bool zp;
+  bool zero_point;
   int scale_dtype;  // what scales are rounded to
 };
 
@@ -43,9 +44,9 @@ NIBBLE_HD inline double write_block(const WeightView& w, const BlockShape& s, in
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t i = w.index(k, n);
     const float v = hd::load(w.dtype, w.data, i);
-    const uint8_t c = hd::quantize(v, p, s.bits, s.zp, w.dtype);
+    const uint8_t c = hd::quantize(v, p, s.bits, s.zero_point, w.dtype);
     codes[i] = c;
-    const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zp)));
+    const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
     err += d * d;
   }
   return err;
@@ -55,7 +56,7 @@ NIBBLE_HD inline void store_params(const WeightView& w, const BlockShape& s, con
                                    int64_t n, hd::Params p, double err) {
   const int64_t pi = w.param(G, g, n);
   o.scales[pi] = p.scale;
-  if (s.zp) o.zero_points[pi] = p.zero_point;
+  if (s.zero_point) o.zero_points[pi] = p.zero_point;
   o.block_error[g * w.N() + n] = err;
 }
 
@@ -69,7 +70,7 @@ struct RtnBody {
     const int64_t k0 = g * s.block, k1 = k0 + s.block < K ? k0 + s.block : K;
     const bool partial = (k1 - k0) < s.block;  // ModelOpt zero-pads the last block
     hd::Params p;
-    if (s.zp) {
+    if (s.zero_point) {
       float mn = partial ? 0.0f : INFINITY, mx = partial ? 0.0f : -INFINITY;
       for (int64_t k = k0; k < k1; ++k) {
         const float v = w.at(k, n);
@@ -89,14 +90,10 @@ struct RtnBody {
   }
 };
 
-// Candidate ci of a block: ratio r of its symmetric scale (or of its [min, max]), negated for ci >= R.
+// Candidate ci of a block, the step every backend shares (kernels/clip_candidate.h).
 NIBBLE_HD inline hd::Params candidate(const float* ratios, int64_t R, int64_t ci, float amax, float mn, float mx,
                                       const BlockShape& s) {
-  const float r = ratios[ci % R];
-  hd::Params p = s.zp ? hd::params_zero_point(r * mn, r * mx, s.bits, s.scale_dtype)
-                      : hd::params_symmetric(r * amax, s.bits, s.scale_dtype);
-  if (ci >= R) p.scale = -p.scale;
-  return p;
+  return hd::clip_candidate(ratios, R, ci, amax, mn, mx, s.bits, s.zero_point, s.scale_dtype);
 }
 
 struct BlockRange {
@@ -127,7 +124,7 @@ struct RtnWeightedBody {
     const BlockRange b = block_range(w, k0, k1, n, (k1 - k0) < s.block);
     hd::Params best = candidate(ratios, R, 0, b.amax, b.mn, b.mx, s);
     double best_err = INFINITY;
-    const int64_t C = R * (s.zp ? 1 : 2);
+    const int64_t C = R * (s.zero_point ? 1 : 2);
     // The block walked by a pointer step (k_axis 0: a row apart, 1: adjacent) and a count: fewer live
     // 64-bit index temporaries than w.at(k, n), which kept this kernel spilling registers.
     const int64_t first = w.index(k0, n), step = w.k_axis == 0 ? w.cols : 1;
@@ -137,7 +134,8 @@ struct RtnWeightedBody {
       double err = 0;
       for (int j = 0; j < len; ++j) {
         const float x = hd::load(w.dtype, w.data, first + j * step);
-        const float d = x - hd::round_to(w.dtype, hd::dequantize(hd::quantize(x, p, s.bits, s.zp, w.dtype), p, s.zp));
+        const float d = x - hd::round_to(w.dtype, hd::dequantize(hd::quantize(x, p, s.bits, s.zero_point, w.dtype), p,
+                                                                 s.zero_point));
         err += double(weight[k0 + j]) * double(d) * double(d);
       }
       if (err < best_err) {
@@ -162,6 +160,7 @@ struct RtnRatiosBody {
     const float r = hd::round_to(dt, ratio_ng[n * G + g]);
     float amax = 0;
     for (int64_t k = k0; k < k1; ++k) amax = hd::max(amax, hd::fabs(w.at(k, n)));
+    // ModelOpt's step, not clip_candidate: the ratio and r·amax are rounded to the weight dtype (numpy).
     const hd::Params p = hd::params_symmetric(hd::round_to(dt, amax * r), s.bits, dt);
     store_params(w, s, o, G, g, n, p, write_block(w, s, k0, k1, n, p, o.codes));
   }

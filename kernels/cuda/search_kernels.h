@@ -58,11 +58,12 @@ NIBBLE_HD inline double block_rms(const Block& x) {
   return x.n ? sqrt(s / double(x.n)) : 0.0;
 }
 
-NIBBLE_HD inline double block_error(const Block& x, hd::Params p, int bits, bool zp, int t, int how, double rms) {
+NIBBLE_HD inline double block_error(const Block& x, hd::Params p, int bits, bool zero_point, int t, int how,
+                                    double rms) {
   double e = 0;
   for (int k = 0; k < x.n; ++k) {
     const float v = x[k];
-    const float d = v - hd::round_to(t, hd::dequantize(hd::quantize(v, p, bits, zp, t), p, zp));
+    const float d = v - hd::round_to(t, hd::dequantize(hd::quantize(v, p, bits, zero_point, t), p, zero_point));
     e += importance(how, v, rms) * double(d) * double(d);
   }
   return e;
@@ -200,7 +201,7 @@ struct RtnLsqBody {
     const int64_t N = w.N(), K = w.K(), G = (K + s.block - 1) / s.block, g = i / N, n = i % N;
     const int64_t k0 = g * s.block, k1 = k0 + s.block < K ? k0 + s.block : K;
     const lsq::Block x{w.data, w.dtype, w.index(k0, n), w.k_axis == 0 ? w.cols : 1, int(k1 - k0)};
-    const hd::Params p = s.zp ? lsq::zero_point(x, s.bits, w.dtype, s.scale_dtype, how, steps)
+    const hd::Params p = s.zero_point ? lsq::zero_point(x, s.bits, w.dtype, s.scale_dtype, how, steps)
                               : lsq::symmetric(x, s.bits, w.dtype, s.scale_dtype, how, steps);
     store_params(w, s, o, G, g, n, p, write_block(w, s, k0, k1, n, p, o.codes));
   }

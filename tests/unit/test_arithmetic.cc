@@ -13,7 +13,7 @@ QuantizeOptions options(Algo algo, Arithmetic a, bool zero_point = false) {
   QuantizeOptions o;
   o.algo = algo;
   o.arithmetic = a;
-  o.use_zero_point = zero_point;
+  o.zero_point_flag = zero_point;
   return o;
 }
 

@@ -69,7 +69,7 @@ TEST(BackendOps, CasesCoverDtypesLayoutsBitsZeroPointAndPartialBlocks) {
   std::set<std::string> seen;
   bool partial = false, whole = false;
   for (const auto& c : check::cases()) {
-    seen.insert(dtype_name(c.dtype) + std::to_string(c.k_axis) + std::to_string(c.bits) + std::to_string(c.zp));
+    seen.insert(dtype_name(c.dtype) + std::to_string(c.k_axis) + std::to_string(c.bits) + std::to_string(c.zero_point));
     partial |= c.K % c.block != 0;
     whole |= c.K == c.block;
   }

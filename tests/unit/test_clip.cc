@@ -164,3 +164,22 @@ TEST(Clip, NonFiniteGramKeepsCandidateZero) {
       }
     }
 }
+
+// The candidate step every search shares (kernels/clip_candidate.h): ratio r of the symmetric scale
+// amax / 7 (INT4) or of the range [mn, mx], the scale negated for the second half of the candidates.
+TEST(Clip, CandidateStepScalesTheBlockAndNegatesTheSecondHalf) {
+  const std::vector<float> ratios = {1.0f, 0.5f};
+  const float amax = 3.5f, mn = -1.5f, mx = 3.0f;
+  EXPECT_EQ(clip_candidate(ratios, 0, amax, mn, mx, 4, false, DType::kFloat32).scale, 0.5f);
+  EXPECT_EQ(clip_candidate(ratios, 1, amax, mn, mx, 4, false, DType::kFloat32).scale, 0.25f);
+  EXPECT_EQ(clip_candidate(ratios, 2, amax, mn, mx, 4, false, DType::kFloat32).scale, -0.5f);
+  EXPECT_EQ(clip_candidate(ratios, 3, amax, mn, mx, 4, false, DType::kFloat32).scale, -0.25f);
+  // Zero point, ratio 0.5: range [-0.75, 1.5], scale 2.25 / 15 = 0.15, z = -rint(-0.75 / 0.15) = 5.
+  const BlockParams z = clip_candidate(ratios, 1, amax, mn, mx, 4, true, DType::kFloat32);
+  EXPECT_EQ(z.scale, 2.25f / 15.0f);
+  EXPECT_EQ(z.zero_point, 5);
+  // The shared step is the block formulas at r·amax, the scale rounded to the scale type (fp16 here).
+  const BlockParams h = clip_candidate(ratios, 1, 0.3f, 0, 0, 4, false, DType::kFloat16);
+  EXPECT_EQ(h.scale, block_params_symmetric(0.5f * 0.3f, 4, DType::kFloat16).scale);
+  EXPECT_EQ(h.scale, round_to(DType::kFloat16, 0.15f / 7.0f));
+}

@@ -89,7 +89,7 @@ GptqOptions options(int64_t lazy) {
 struct Case {
   DType dtype;
   int k_axis, bits;
-  bool zp;
+  bool zero_point;
   int64_t lazy;
 };
 // Each dtype, layout, width, mode and lazy batch at least twice, in different company.
@@ -121,9 +121,9 @@ TEST(GptqDevice, EqualsTheCpuBackendBitForBit) {
       ASSERT_TRUE(fg.upper_resident);
       for (const Case& c : kCases) {
         const Weight w(c.dtype, K, N, c.k_axis, 3);
-        const QuantSpec spec{c.bits, 64, c.zp};
+        const QuantSpec spec{c.bits, 64, c.zero_point};
         SCOPED_TRACE(dtype_name(c.dtype) + " k_axis " + std::to_string(c.k_axis) + " bits " + std::to_string(c.bits) +
-                     (c.zp ? " zp" : " sym") + " lazy " + std::to_string(c.lazy));
+                     (c.zero_point ? " zp" : " sym") + " lazy " + std::to_string(c.lazy));
         QuantResult want, got;
         cpu->gptq_quantize(w.m, spec, fc, options(c.lazy), want);
         gpu->gptq_quantize(w.m, spec, fg, options(c.lazy), got);

@@ -59,7 +59,7 @@ void expect_identical(const QuantResult& want, const QuantResult& got) {
   EXPECT_EQ(want.codes, got.codes);
   EXPECT_EQ(same_bits(want.scales, got.scales, "scales"), "");
   EXPECT_EQ(want.zero_points, got.zero_points);
-  EXPECT_EQ(same_bits(want.zero_points_float, got.zero_points_float, "float zero points"), "");
+  EXPECT_EQ(same_bits(want.float_zero_points, got.float_zero_points, "float zero points"), "");
   EXPECT_EQ(bits_of(want.sq_error), bits_of(got.sq_error)) << want.sq_error << " " << got.sq_error;
 }
 
@@ -79,21 +79,21 @@ TEST(HqqDevice, EqualsTheCpuBackendBitForBit) {
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
     for (const Layout& l : layouts)
       for (int bits : {4, 8})
-        for (bool float_zp : {false, true})
+        for (bool float_zero_point : {false, true})
           for (bool refit : {false, true}) {
             const Weight w(t, l.K, l.N, l.k_axis, uint32_t(7 + cases));
             HqqOptions opt;
-            opt.float_zero_point = float_zp;
+            opt.float_zero_point = float_zero_point;
             opt.refit_scale = refit;
             QuantSpec spec{bits, l.block, true};
             QuantResult want, got;
             cpu->hqq(w.m, spec, opt, want);
             emulated()->hqq(w.m, spec, opt, got);
             SCOPED_TRACE(dtype_name(t) + " K " + std::to_string(l.K) + " N " + std::to_string(l.N) + " axis " +
-                         std::to_string(l.k_axis) + " bits " + std::to_string(bits) + " float_zp " +
-                         std::to_string(float_zp) + " refit " + std::to_string(refit));
+                         std::to_string(l.k_axis) + " bits " + std::to_string(bits) + " float_zero_point " +
+                         std::to_string(float_zero_point) + " refit " + std::to_string(refit));
             expect_identical(want, got);
-            EXPECT_EQ(got.zero_points_float.size(), float_zp ? want.scales.size() : 0u);
+            EXPECT_EQ(got.float_zero_points.size(), float_zero_point ? want.scales.size() : 0u);
             ++cases;
           }
   EXPECT_EQ(cases, 3 * 4 * 2 * 2 * 2);
@@ -103,10 +103,10 @@ TEST(HqqDevice, EqualsTheCpuBackendBitForBit) {
 TEST(HqqDevice, PanelsGiveTheSameBits) {
   auto cpu = make_cpu_backend();
   for (int k_axis : {0, 1})
-    for (bool float_zp : {false, true}) {
+    for (bool float_zero_point : {false, true}) {
       const Weight w(DType::kFloat16, 512, 160, k_axis, 3);
       HqqOptions opt;
-      opt.float_zero_point = float_zp;
+      opt.float_zero_point = float_zero_point;
       QuantResult want, got;
       auto small = emulated(256 << 10);
       cpu->hqq(w.m, QuantSpec{4, 128, true}, opt, want);
@@ -122,17 +122,17 @@ TEST(HqqDevice, PanelsGiveTheSameBits) {
 TEST(HqqDevice, MovesTheWeightOnceAndTheResultsBack) {
   constexpr int64_t K = 256, N = 96, B = 32, G = K / B;
   const Weight w(DType::kFloat16, K, N, 0, 11);
-  for (bool float_zp : {false, true}) {
+  for (bool float_zero_point : {false, true}) {
     auto gpu = emulated();
     HqqOptions opt;
-    opt.float_zero_point = float_zp;
+    opt.float_zero_point = float_zero_point;
     QuantResult got, want;
     gpu->hqq(w.m, QuantSpec{4, B, true}, opt, got);
     make_cpu_backend()->hqq(w.m, QuantSpec{4, B, true}, opt, want);
     expect_identical(want, got);
     const OpTransfers t = gpu->transfer_ledger()->ops.at("hqq");
     EXPECT_EQ(t.h2d_bytes, uint64_t(K * N) * 2);
-    EXPECT_EQ(t.d2h_bytes, uint64_t(K * N / 2 + G * N * 2 + G * N + (float_zp ? G * N * 2 : 0) + 8));
+    EXPECT_EQ(t.d2h_bytes, uint64_t(K * N / 2 + G * N * 2 + G * N + (float_zero_point ? G * N * 2 : 0) + 8));
     EXPECT_FALSE(t.host_fallback);
     EXPECT_EQ(t.calls, 1u);
     EXPECT_FALSE(gpu->transfer_ledger()->total.host_fallback);

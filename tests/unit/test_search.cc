@@ -46,9 +46,9 @@ void expect_same(const QuantResult& a, const QuantResult& b) {
   ASSERT_EQ(a.scales.size(), b.scales.size());
   for (size_t i = 0; i < a.scales.size(); ++i) ASSERT_EQ(a.scales[i], b.scales[i]) << i;
   EXPECT_EQ(a.zero_points, b.zero_points);
-  ASSERT_EQ(a.zero_points_float.size(), b.zero_points_float.size());
-  for (size_t i = 0; i < a.zero_points_float.size(); ++i)
-    ASSERT_EQ(a.zero_points_float[i], b.zero_points_float[i]) << i;
+  ASSERT_EQ(a.float_zero_points.size(), b.float_zero_points.size());
+  for (size_t i = 0; i < a.float_zero_points.size(); ++i)
+    ASSERT_EQ(a.float_zero_points[i], b.float_zero_points[i]) << i;
   EXPECT_NEAR(a.sq_error, b.sq_error, 1e-12 * a.sq_error);
 }
 
@@ -73,14 +73,14 @@ TEST(Search, FastEqualsReferenceBitForBit) {
             rtn_lsq_fast(tw.w, spec(bits, 64, zp), RtnSearchOptions{}, b);
             expect_same(a, b);
             if (!zp) continue;
-            for (bool float_zp : {false, true})
+            for (bool float_zero_point : {false, true})
               for (bool refit : {false, true}) {
                 HqqOptions o;
-                o.float_zero_point = float_zp, o.refit_scale = refit;
+                o.float_zero_point = float_zero_point, o.refit_scale = refit;
                 hqq_ref(tw.w, spec(bits, 64, true), o, a);
                 hqq_fast(tw.w, spec(bits, 64, true), o, b);
                 expect_same(a, b);
-                EXPECT_EQ(a.zero_points_float.size(), float_zp ? a.scales.size() : 0);
+                EXPECT_EQ(a.float_zero_points.size(), float_zero_point ? a.scales.size() : 0);
               }
           }
   set_num_threads(0);
@@ -175,19 +175,19 @@ TEST(Search, HqqFloatZeroPointsAreExactAndBeatIntegerOnes) {
     hqq_ref(tw.w, spec(4, 128, true), o, f);
     hqq_ref(tw.w, spec(4, 128, true), HqqOptions{}, i);
     ASSERT_EQ(f.zero_points.size(), f.scales.size());
-    ASSERT_EQ(f.zero_points_float.size(), f.scales.size());
+    ASSERT_EQ(f.float_zero_points.size(), f.scales.size());
     int fractional = 0;
     for (size_t j = 0; j < f.scales.size(); ++j) {
       EXPECT_EQ(f.scales[j], round_to(t, f.scales[j]));
-      EXPECT_EQ(f.zero_points_float[j], round_to(t, f.zero_points_float[j]));
-      fractional += f.zero_points_float[j] != std::nearbyint(f.zero_points_float[j]);
+      EXPECT_EQ(f.float_zero_points[j], round_to(t, f.float_zero_points[j]));
+      fractional += f.float_zero_points[j] != std::nearbyint(f.float_zero_points[j]);
     }
     EXPECT_GT(fractional, int(f.scales.size()) / 2);
     double err = 0;
     for (int64_t n = 0; n < 48; ++n)
       for (int64_t k = 0; k < 320; ++k) {
         const size_t pi = tw.w.param_index(f.groups, k / 128, n);
-        const float s = f.scales[pi], z = f.zero_points_float[pi];
+        const float s = f.scales[pi], z = f.float_zero_points[pi];
         const float v = load_float(t, tw.w.data, tw.w.index(k, n));
         const int c = f.codes[tw.w.index(k, n)];
         // no other code is nearer to v under (s, z)

@@ -1,10 +1,7 @@
 // The real device layer: the CUDA runtime. GPU builds only; the emulated device is its twin.
 //
-// COMPILED, NOT RUN: no GPU was available while this was written. The stream structure below (pinned
-// staging ring, compute / copy / prefetch streams, events, the prefetch thread) has been built by nvcc
-// and exercised only through its emulated twin, which runs the same chunking and ordering logic in
-// kernels/cuda/device.cc with copies done at once; `nibble selftest --device cuda` is the first check on
-// a GPU.
+// Written without a GPU and exercised through its emulated twin (the same chunking and ordering logic in
+// kernels/cuda/device.cc, copies done at once); since run on an H200 (bench/gpu-runs).
 //
 // Ordering, all by events (the host waits only where a result must come back):
 //  - compute stream: kernels, cuBLAS/cuSOLVER, device-to-device copies, memsets;

@@ -44,6 +44,14 @@ WeightMatrix Backend::scale_weight_f32_kept(const WeightMatrix& w, const float* 
   return out;
 }
 
+WeightMatrix Backend::scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
+  host = scale_weight(w, s);
+  WeightMatrix out = w;
+  out.data = host.data();
+  out.resident.reset();
+  return out;
+}
+
 std::vector<uint8_t> Backend::pack_onnx_codes(const QuantResult& q, int bits) {
   if (bits == 4 && !q.packed.empty()) return q.packed;
   return pack_onnx(q.codes, bits);

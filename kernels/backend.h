@@ -151,6 +151,8 @@ class Backend {
   // scale_weight_f32 left on the backend: a device backend returns a float32 matrix that only it holds
   // (data null); the CPU computes it into `host` and returns a matrix on it.
   virtual WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);
+  // scale_weight (W ⊙ s rounded to w's dtype) left on the backend likewise.
+  virtual WeightMatrix scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);
   // gram_cholesky_upper left on the backend (a device backend keeps U; the CPU returns it in `host`).
   virtual GramFactor gram_cholesky_kept(const double* gram, int64_t K) { return {gram_cholesky_upper(gram, K), {}, {}}; }
   // The float32 Gram matrix put on the backend for the GEMM form of awq_losses (no factor): every loss

@@ -50,7 +50,7 @@ std::map<std::string, AwqChoice> search_awq_scales(OnnxModel& model, const Plan&
                                                    std::map<std::string, AwqChoice>* per_node, KeptWeights* kept) {
   switch (o.arithmetic) {
     case Arithmetic::kModelOpt: {
-      if (!per_node || !o.searches_clip()) return modelopt::awq_lite_search(model, plan, calib, o, backend);
+      if (!per_node || !o.searches_clip()) return modelopt::awq_lite_search(model, plan, calib, o, backend, kept);
       std::map<std::string, AwqChoice> out;
       modelopt::awq_full_scales(model, plan, calib, o, backend, per_node, &out);
       return out;

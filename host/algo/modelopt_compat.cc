@@ -26,9 +26,18 @@ void average_sibling_scales(const Plan& plan, kernels::Backend& backend, std::ma
 
 namespace {
 
+// The weight of `pw`, held by `kept` on a device backend when given (read by both passes of the search
+// and then by the quantizer: one upload), else the host view.
+Loaded load_kept(OnnxModel& model, const PlannedWeight& pw, kernels::Backend& backend, KeptWeights* kept) {
+  Loaded l = load(model, pw);
+  if (kept) l.w = keep_weight(backend, kept, pw, l.view.data);
+  return l;
+}
+
 // One search per node on the fixed grid 0, 0.1, ..., 1, with numpy's own scale arithmetic.
 std::map<std::string, AwqChoice> search_per_node(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                 const QuantizeOptions& o, kernels::Backend& backend) {
+                                                 const QuantizeOptions& o, kernels::Backend& backend,
+                                                 KeptWeights* kept) {
   std::map<std::string, AwqChoice> out;
   GramCache grams(backend, /*cholesky=*/false);
   const size_t total = plan.weights.size();
@@ -36,7 +45,7 @@ std::map<std::string, AwqChoice> search_per_node(OnnxModel& model, const Plan& p
   std::vector<Calibration::GridItem> items;
   for (size_t i = 0; i < total; ++i) {
     const auto& pw = plan.weights[i];
-    Loaded l = load(model, pw);
+    Loaded l = load_kept(model, pw, backend, kept);
     const ActivationStats st = calib.stats(pw.activation, true);
     Calibration::GridItem it;
     it.id = "w" + std::to_string(i);
@@ -48,7 +57,7 @@ std::map<std::string, AwqChoice> search_per_node(OnnxModel& model, const Plan& p
   auto grid = calib.numpy_grid(items, alphas);
   for (size_t i = 0; i < total; ++i) {
     const auto& pw = plan.weights[i];
-    Loaded l = load(model, pw);
+    Loaded l = load_kept(model, pw, backend, kept);
     ActivationStats st;
     const kernels::GramForm g = grams.get(calib, pw.activation, true, &st);
     const auto& scales = grid.at("w" + std::to_string(i));
@@ -69,7 +78,8 @@ std::map<std::string, AwqChoice> search_per_node(OnnxModel& model, const Plan& p
 // loss summed over them), on the grid of --awqlite_alpha_step, with its own weight statistic and scale
 // formula; every sibling gets the chosen s, so the shared producer can carry one 1/s.
 std::map<std::string, AwqChoice> search_per_subgraph(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                     const QuantizeOptions& o, kernels::Backend& backend) {
+                                                     const QuantizeOptions& o, kernels::Backend& backend,
+                                                     KeptWeights* kept) {
   const std::vector<double> alphas = awq_alphas(o.awqlite_alpha_step);
   std::vector<Calibration::GridItem> items;
   for (const auto& [act, idx] : plan.siblings) {
@@ -83,7 +93,7 @@ std::map<std::string, AwqChoice> search_per_subgraph(OnnxModel& model, const Pla
     std::vector<Loaded> ws;
     std::vector<kernels::WeightMatrix> mats;
     for (size_t i : idx) {
-      ws.push_back(load(model, plan.weights[i]));
+      ws.push_back(load_kept(model, plan.weights[i], backend, kept));
       mats.push_back(ws.back().w);
     }
     const ActivationStats st = calib.stats(act, true);
@@ -105,7 +115,7 @@ std::map<std::string, AwqChoice> search_per_subgraph(OnnxModel& model, const Pla
     AwqChoice c;
     c.losses.assign(alphas.size(), 0.0);
     for (size_t i : idx) {
-      Loaded l = load(model, plan.weights[i]);
+      Loaded l = load_kept(model, plan.weights[i], backend, kept);
       const std::vector<double> li = backend.awq_losses(l.w, pointers(scales), spec_of(plan.weights[i], o), gf, nullptr);
       for (size_t a = 0; a < alphas.size(); ++a) c.losses[a] += li[a];
       model.release(l.view);
@@ -125,9 +135,10 @@ std::map<std::string, AwqChoice> search_per_subgraph(OnnxModel& model, const Pla
 }  // namespace
 
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                 const QuantizeOptions& o, kernels::Backend& backend) {
-  if (o.awqlite_run_per_subgraph) return search_per_subgraph(model, plan, calib, o, backend);
-  return search_per_node(model, plan, calib, o, backend);
+                                                 const QuantizeOptions& o, kernels::Backend& backend,
+                                                 KeptWeights* kept) {
+  if (o.awqlite_run_per_subgraph) return search_per_subgraph(model, plan, calib, o, backend, kept);
+  return search_per_node(model, plan, calib, o, backend, kept);
 }
 
 // ---- AWQ-full's scales and the clip search
@@ -193,11 +204,8 @@ void TokenSampleClipSearch::quantize(const PlannedWeight& pw, const kernels::Wei
 
 kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::WeightMatrix& w, const float* s,
                                    std::vector<uint8_t>& buffer) {
-  kernels::WeightMatrix out = w;
-  buffer = backend.scale_weight(w, s);
-  out.data = buffer.data();
-  out.resident.reset();  // the host's W ⊙ s, not the kept W
-  return out;
+  // On a device backend W ⊙ s stays there for the quantizer; the CPU computes it into `buffer`.
+  return backend.scale_weight_kept(w, s, buffer);
 }
 
 void quantize_awq_scaled(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,

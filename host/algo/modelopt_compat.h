@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "calib/calibration.h"
+#include "host/algo/kept_weights.h"
 #include "host/algo/awq.h"
 #include "host/algo/awq_clip.h"
 #include "host/graph/plan.h"
@@ -30,8 +31,10 @@ constexpr bool kRtnSearchesScale = false;
 // arithmetic; with fuse on (the default) siblings then get the mean of their scales. With
 // --awqlite_run_per_subgraph: one search per activation over all its MatMuls on --awqlite_alpha_step's
 // grid, with its own joint weight statistic.
+// kept: where a device backend holds each weight from the search to the quantizer (null: not held).
 std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& plan, Calibration& calib,
-                                                 const QuantizeOptions& o, kernels::Backend& backend);
+                                                 const QuantizeOptions& o, kernels::Backend& backend,
+                                                 KeptWeights* kept = nullptr);
 
 // Quirk: with fuse on, siblings (MatMuls sharing an input) all get the mean of their own scales.
 void average_sibling_scales(const Plan& plan, kernels::Backend& backend, std::map<std::string, AwqChoice>* choices);
@@ -68,7 +71,8 @@ class TokenSampleClipSearch : public ClipSearch {
   std::map<std::string, std::vector<float>> ratios_;
 };
 
-// Quirk: W ⊙ s is rounded to the weight's dtype (numpy's arithmetic) before it is quantized, on the host.
+// Quirk: W ⊙ s is rounded to the weight's dtype (numpy's arithmetic) before it is quantized (on a device
+// backend it stays there for the quantizer).
 kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::WeightMatrix& w, const float* s,
                                    std::vector<uint8_t>& buffer);
 

@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
 
   WeightMatrix keep(const WeightMatrix& w) override;
   WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
+  WeightMatrix scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
   GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
   GramForm keep_gram(const GramForm& g) override;
   std::shared_ptr<const Resident> keep_gram_blocks(const double* blocks, int64_t K, int64_t B) override;
@@ -157,6 +158,9 @@ class CudaBackend final : public Backend {
   template <class T>
   std::vector<T> download(const DeviceBuffer<T>& b);
   std::vector<uint8_t> elementwise(const WeightMatrix& w, const float* v, size_t v_len, int mode);
+  // W ⊙ s as `out_t` into device memory that the returned matrix holds (data null); null resident when it
+  // does not fit beside what is held.
+  WeightMatrix scale_on_device(const WeightMatrix& w, const float* s, DType out_t, const char* op_name);
   // AWQ loss pieces (backend_awq.cu): D = W - Ŵ/s of one panel for one scale vector (on the device), and the
   // per-column sums of D ⊙ (G D) or (U D)² over Gram row panels of `gram_rows` rows.
   DeviceBuffer<float> awq_diff(const Panel& p, const QuantSpec& spec, const float* s, const float* diag,

@@ -90,27 +90,39 @@ std::shared_ptr<const Resident> CudaBackend::keep_gram_blocks(const double* bloc
   return a;
 }
 
-WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
+WeightMatrix CudaBackend::scale_on_device(const WeightMatrix& w, const float* s, DType out_t, const char* op_name) {
   const int64_t n = w.rows * w.cols;
   const uint64_t in_bytes = mine(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
   // Beside what is held (the weights a whole-model search keeps for the quantizer, up to half the budget), with
   // a quarter of the budget left for the quantizer's panels.
-  if (dev_->in_use_live() + in_bytes + uint64_t(n) * 4 + uint64_t(w.K()) * 4 + kSlack > dev_->budget() / 4 * 3)
-    return Backend::scale_weight_f32_kept(w, s, host);  // streams in row panels through the host
-  const OpScope op(*dev_, "scale_weight_f32");
+  if (dev_->in_use_live() + in_bytes + uint64_t(n) * dtype_size(out_t) + uint64_t(w.K()) * 4 + kSlack >
+      dev_->budget() / 4 * 3)
+    return {};
+  const OpScope op(*dev_, op_name);
   dev_->count_flops(double(n));
   DeviceBuffer<uint8_t> tmp;
   const uint8_t* in = weight_on_device(w, tmp);
   const DeviceBuffer<float> s_d = upload(s, size_t(w.K()));
   auto a = std::make_shared<DeviceArray>();
   a->owner = this;
-  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(n) * 4);
-  launch(*dev_, n, ScaleBody{in, int(w.dtype), int(DType::kFloat32), w.cols, w.k_axis, s_d.get(), a->data.get()});
+  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(n) * dtype_size(out_t));
+  launch(*dev_, n, ScaleBody{in, int(w.dtype), int(out_t), w.cols, w.k_axis, s_d.get(), a->data.get()});
   WeightMatrix out = w;
-  out.dtype = DType::kFloat32;
+  out.dtype = out_t;
   out.data = nullptr;  // only the device holds it
   out.resident = std::move(a);
   return out;
+}
+
+WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
+  WeightMatrix out = scale_on_device(w, s, DType::kFloat32, "scale_weight_f32");
+  // Too big beside what is held: streams in row panels through the host.
+  return out.resident ? out : Backend::scale_weight_f32_kept(w, s, host);
+}
+
+WeightMatrix CudaBackend::scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
+  WeightMatrix out = scale_on_device(w, s, w.dtype, "scale_weight");
+  return out.resident ? out : Backend::scale_weight_kept(w, s, host);
 }
 
 void CudaBackend::upload_f64(double* dst, const double* src, size_t n) {

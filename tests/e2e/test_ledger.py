@@ -144,6 +144,23 @@ def test_awq_lite_moves_each_weight_and_each_gram_once(nibble, ledger_model, dee
     check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", "awq_lite", held=True)
 
 
+def test_awq_lite_modelopt_mode_moves_each_weight_and_each_gram_once(nibble, ledger_model, tmp_path):
+    """ModelOpt's arithmetic on the device: its two passes (weight statistic, then losses) read the kept
+    weight, W ⊙ s (rounded to the weight dtype) stays on the device for the quantizer, and each
+    activation's Gram matrix goes up once for the GEMM form: nothing comes back but the codes and the
+    choices."""
+    _, src, npz = ledger_model
+    r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", "awq_lite", "--awq_mode", "modelopt")
+    ops, w = d["ops"], r["summary"]["bytes_in"]
+    acts = activations(src, r)
+    assert ops["keep"]["h2d_bytes"] == w
+    assert ops["scale_weight"]["d2h_bytes"] == 0
+    assert ops["rtn"]["h2d_bytes"] == 0
+    assert w + gram_bytes(acts) <= d["h2d_bytes"] <= 1.1 * (w + gram_bytes(acts))
+    check_down(r, d, out)
+    check_on_host(d)
+
+
 def test_awq_lite_layer_by_layer_is_pooled(nibble, ledger_model, deep_model, tmp_path):
     """One layer at a time: a layer's kept weights are freed when it is written, and the next layer's come
     from the pool."""

@@ -18,23 +18,13 @@
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define NIBBLE_LSQ_X86_CLONES 1
 #endif
-// Vector arguments of always-inlined helpers only; no vector crosses a call between ISA copies.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace nibble::kernels {
 namespace {
 
-// kV lanes: one vector of floats, its doubles, masks and the codes of one element of kV channels.
-constexpr int kV = 16;
-typedef float vf __attribute__((vector_size(kV * 4)));
-typedef double vd __attribute__((vector_size(kV * 8)));
-typedef int32_t vi __attribute__((vector_size(kV * 4)));
-typedef uint32_t vu __attribute__((vector_size(kV * 4)));
-typedef int64_t vl __attribute__((vector_size(kV * 8)));
-typedef uint16_t vh __attribute__((vector_size(kV * 2)));
-typedef uint8_t vb __attribute__((vector_size(kV)));
-
+// NIBBLE_LSQ_LANES: channels per vector in each copy (a float vector as wide as the ISA's registers).
 namespace generic {
+#define NIBBLE_LSQ_LANES 4
 #include "kernels/cpu/rtn_lsq_fast_kernels.inc"
 }  // namespace generic
 
@@ -42,6 +32,7 @@ namespace generic {
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
 namespace avx2 {
+#define NIBBLE_LSQ_LANES 8
 #include "kernels/cpu/rtn_lsq_fast_kernels.inc"
 }  // namespace avx2
 #pragma GCC pop_options
@@ -49,6 +40,7 @@ namespace avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl")
 namespace avx512 {
+#define NIBBLE_LSQ_LANES 16
 #include "kernels/cpu/rtn_lsq_fast_kernels.inc"
 }  // namespace avx512
 #pragma GCC pop_options

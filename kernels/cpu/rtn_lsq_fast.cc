@@ -7,6 +7,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/block_fit.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"

@@ -166,3 +166,27 @@ TEST(RtnLsqSimd, SameBitsWhateverTheThreadCount) {
   }
   set_num_threads(0);
 }
+
+// Shapes around the vector widths (4, 8, 16 channels) and fit::kLanes (8 elements): every ISA copy.
+TEST(RtnLsqSimd, EqualsReferenceAroundTheVectorWidths) {
+  for (RtnIsa isa : rtn_fast_isas()) {
+    rtn_fast_force_isa(isa);
+    for (int64_t N : {1, 3, 8, 16, 17, 32})
+      for (int64_t K : {1, 7, 9, 24})
+        for (int k_axis : {0, 1})
+          for (bool zp : {false, true}) {
+            const Stored s = make(DType::kFloat16, K, N, k_axis, uint32_t(K * 100 + N));
+            for (int64_t block : {8, 16}) {
+              RtnSearchOptions o;
+              o.weight = FitWeight::kMagnitude;
+              QuantResult a, b;
+              rtn_lsq_ref(s.w, spec(4, block, zp), o, a);
+              rtn_lsq_simd(s.w, spec(4, block, zp), o, b);
+              expect_identical(a, b, std::string(rtn_isa_name(isa)) + " K " + std::to_string(K) + " N " +
+                                         std::to_string(N) + " axis " + std::to_string(k_axis) + " zp " +
+                                         std::to_string(zp) + " block " + std::to_string(block));
+            }
+          }
+  }
+  rtn_fast_force_isa(RtnIsa::kAuto);
+}

@@ -70,7 +70,8 @@ void expect_identical(const QuantResult& a, const QuantResult& b, const std::str
   for (size_t i = 0; i < a.codes.size(); ++i) ASSERT_EQ(a.codes[i], b.codes[i]) << what << " code " << i;
   ASSERT_EQ(a.scales.size(), b.scales.size()) << what;
   for (size_t i = 0; i < a.scales.size(); ++i)
-    ASSERT_EQ(f32_bits(a.scales[i]), f32_bits(b.scales[i])) << what << " scale " << i << " " << a.scales[i] << " " << b.scales[i];
+    ASSERT_EQ(f32_bits(a.scales[i]), f32_bits(b.scales[i]))
+        << what << " scale " << i << " " << a.scales[i] << " " << b.scales[i];
   ASSERT_EQ(a.zero_points, b.zero_points) << what;
   EXPECT_TRUE(a.zero_points_float.empty() && b.zero_points_float.empty()) << what;
   EXPECT_EQ(bits_of(a.sq_error), bits_of(b.sq_error)) << what << " " << a.sq_error << " " << b.sq_error;

@@ -11,6 +11,7 @@
 #include "kernels/cpu/gptq_fast.h"
 #include "kernels/cpu/gptq_ref.h"
 #include "kernels/cpu/rtn_fast.h"
+#include "kernels/cpu/rtn_lsq_fast.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/cpu/search_fast.h"
 #include "kernels/cpu/search_ref.h"
@@ -34,7 +35,7 @@ class CpuBackend final : public CpuCommon {
     rtn_quantize_weighted_fast(w, spec, cw, ratios, out);
   }
   void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override {
-    rtn_lsq_fast(w, spec, opt, out);
+    rtn_lsq_simd(w, spec, opt, out);
   }
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     hqq_fast(w, spec, opt, out);

@@ -103,11 +103,15 @@ std::string check_packs(Backend& r, Backend& g, const Case& c, const check::Weig
                 "zero points");
   std::vector<int64_t> layouts{c.block};
   if (q.groups == 1) layouts.push_back(128);  // a single block padded to a power of two
+  // The codes also as a device quantizer brings 4-bit ones back: packed beside `codes` (read instead).
+  QuantResult qp = q;
+  if (c.bits == 4) qp.packed = r.pack_onnx(q.codes, 4);
   for (int64_t lb : layouts)
-    if (auto e = same(r.pack_matmulnbits_weight(w.m, c.spec(), q, lb), g.pack_matmulnbits_weight(w.m, c.spec(), q, lb),
-                      "B with layout block " + std::to_string(lb));
-        !e.empty())
-      return e;
+    for (const QuantResult* in : {&q, &qp})
+      if (auto e = same(r.pack_matmulnbits_weight(w.m, c.spec(), q, lb), g.pack_matmulnbits_weight(w.m, c.spec(), *in, lb),
+                        std::string("B with layout block ") + std::to_string(lb) + (in->packed.empty() ? "" : ", packed codes"));
+          !e.empty())
+        return e;
   return {};
 }
 

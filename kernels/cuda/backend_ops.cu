@@ -124,13 +124,16 @@ std::vector<uint8_t> CudaBackend::pack_matmulnbits_weight(const WeightMatrix& sh
   if (layout_block != spec.block && G != 1)
     throw std::invalid_argument("pack_matmulnbits_weight: padded layout needs a single block");
   const int64_t blob = layout_block * spec.bits / 8;
-  const DeviceBuffer<uint8_t> codes = upload(q.codes.data(), q.codes.size());
+  // The 4-bit codes go up packed when the quantizer brought them back so (half the bytes).
+  const bool packed = spec.bits == 4 && !q.packed.empty() && q.packed.size() == (q.codes.size() + 1) / 2;
+  const DeviceBuffer<uint8_t> codes = packed ? upload(q.packed.data(), q.packed.size())
+                                             : upload(q.codes.data(), q.codes.size());
   const DeviceBuffer<uint8_t> zp =
       spec.zero_point ? upload(q.zero_points.data(), q.zero_points.size()) : DeviceBuffer<uint8_t>();
   DeviceBuffer<uint8_t> out(*dev_, size_t(N * G * blob));
   const ParamLayout l{K, N, G, shape.k_axis};
-  launch(*dev_, N * G * blob, PackNBitsBody{l, codes.get(), spec.zero_point ? zp.get() : nullptr, spec.bits, spec.block,
-                                     layout_block, blob, out.get()});
+  launch(*dev_, N * G * blob, PackNBitsBody{l, codes.get(), spec.zero_point ? zp.get() : nullptr, packed, spec.bits,
+                                            spec.block, layout_block, blob, out.get()});
   return download(out);
 }
 

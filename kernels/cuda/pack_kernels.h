@@ -28,13 +28,17 @@ struct PackNBitsBody {
   ParamLayout l;
   const uint8_t* codes;
   const uint8_t* zero_points;  // null: symmetric
+  // 4 bits: the codes as QuantResult::packed holds them (two a byte, low nibble first, in `codes`' order)
+  // instead of one a byte: half the bytes go up. The low nibble is all unsigned_code reads of a code.
+  bool codes_packed;
   int bits;
   int64_t block, layout_block, blob;
   uint8_t* out;
   NIBBLE_HD uint8_t unsigned_code(int64_t g, int64_t n, int64_t j) const {
     const int64_t k = g * block + j;
     if (k >= l.K || j >= block) return zero_points ? zero_points[l.param(g, n)] : uint8_t(1 << (bits - 1));
-    const uint8_t c = codes[l.code(k, n)];
+    const int64_t ci = l.code(k, n);
+    const uint8_t c = codes_packed ? uint8_t((codes[ci / 2] >> (4 * (ci & 1))) & 0x0f) : codes[ci];
     if (zero_points) return c;
     return bits == 4 ? uint8_t((c ^ 0x08) & 0x0f) : uint8_t(c ^ 0x80);
   }

@@ -49,7 +49,8 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
 }
 
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& e, const Committed& c,
-                  uint64_t copied, double secs, const kernels::Backend& backend) {
+                  uint64_t copied, const StageSeconds& t, const kernels::Backend& backend) {
+  const double secs = t.total;
   const size_t nw = planned.plan.weights.size(), ng = planned.plan.gathers.size();
   if (!o.quiet)
     spdlog::info("{} weights{}: {} -> {} ({:.2f} bits/weight), {} copied unchanged, rms error {:.3g}; "
@@ -88,6 +89,17 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"fsync_seconds", fsync_seconds()},
                              {"peak_rss_bytes", peak_rss_bytes()},
                              {"genai_files", c.companions}}}};
+  nlohmann::json stage_seconds = {{"load", t.load}, {"write", t.write}};
+  if (t.layers > 0) {
+    stage_seconds["layers"] = t.layers;
+  } else {
+    stage_seconds["quantize"] = t.quantize;
+    if (needs_calibration(o)) {
+      stage_seconds["calibrate"] = t.calibrate;
+      stage_seconds["search"] = t.search;
+    }
+  }
+  report["summary"]["stage_seconds"] = stage_seconds;
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
   if (ledger) report["summary"]["device"] = ledger_to_json(*ledger);
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {

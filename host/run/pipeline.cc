@@ -102,12 +102,24 @@ int run_quantize(const QuantizeOptions& o) {
   bopt.device_memory = o.device_memory;
   auto backend = kernels::make_backend(bopt, &why);
 
+  StageSeconds secs;
+  auto lap = [mark = t0]() mutable {  // seconds since the last lap
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - mark).count();
+    mark = now;
+    return s;
+  };
   LoadedModel loaded = load_stage(o);
   OnnxModel& model = *loaded.model;
   Planned planned = plan_stage(o, model);
   const auto groups = layer_plan(o, planned);
+  secs.load = lap();
   Searched searched;
-  if (groups.empty()) searched = search_stage(o, model, planned, *backend);
+  if (groups.empty()) {
+    searched = search_stage(o, model, planned, *backend);
+    secs.calibrate = searched.calibrate_seconds;
+    secs.search = lap() - secs.calibrate;
+  }
 
   ModelWriter::Options wopt;
   wopt.force = o.force;
@@ -124,10 +136,12 @@ int run_quantize(const QuantizeOptions& o) {
   const Emitted emitted = groups.empty()
                               ? emit_stage(o, model, planned, searched, rewriter, *backend)
                               : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend);
+  (groups.empty() ? secs.quantize : secs.layers) = lap();
   const uint64_t copied = copy_rest_stage(model, rewriter, writer);
   const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
   if (!groups.empty()) remove_layer_state(o);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  secs.write = lap();
+  secs.total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report_stage(o, planned, emitted, committed, copied, secs, *backend);
   return 0;
 }

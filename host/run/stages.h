@@ -95,7 +95,12 @@ struct Committed {
 };
 Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const Emitted& emitted,
                        GraphRewriter& rewriter, ModelWriter& writer);
+// Wall seconds per stage, for the report (where a run's time went: on a GPU, whether the device's part
+// matters at all). A layer-by-layer run calibrates, searches and quantizes inside `layers`.
+struct StageSeconds {
+  double load = 0, calibrate = 0, search = 0, quantize = 0, layers = 0, write = 0, total = 0;
+};
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& emitted, const Committed& committed,
-                  uint64_t copied, double seconds, const kernels::Backend& backend);
+                  uint64_t copied, const StageSeconds& seconds, const kernels::Backend& backend);
 
 }  // namespace nibble

@@ -68,13 +68,32 @@ def test_report_is_deterministic_apart_from_timings(nibble, shaped, tmp_path):
         r = json.loads(rep.read_text())
         for w in r["weights"]:
             w.pop("seconds", None)
-        for k in ("seconds", "fsync_seconds", "peak_rss_bytes"):
+        for k in ("seconds", "fsync_seconds", "stage_seconds", "peak_rss_bytes"):
             r["summary"].pop(k, None)
         r["options"].pop("threads", None)
         r["options"].pop("output_path", None)
         r["options"].pop("report", None)
         reports.append(r)
     assert reports[0] == reports[1]
+
+
+def test_report_says_where_the_time_went(nibble, shaped, tmp_path):
+    """summary.stage_seconds: load, calibrate, search, quantize and write for a calibrated run (only
+    load, quantize and write without calibration), each at least 0, together within the run's seconds."""
+    import json
+    src = shaped("fp16")
+    for flags, stages in ((["--algo", "rtn_dq"], {"load", "quantize", "write"}),
+                          (["--algo", "awq_lite", "--use_random_calib", "--calib_size", "2", "--calib_seq_len", "32"],
+                           {"load", "calibrate", "search", "quantize", "write"})):
+        rep = tmp_path / "r.json"
+        nibble.quantize(src, str(tmp_path / "o" / "model.onnx"), *flags, "--quiet", "--force", "--report", str(rep))
+        s = json.loads(rep.read_text())["summary"]
+        t = s["stage_seconds"]
+        assert set(t) == stages, t
+        assert all(v >= 0 for v in t.values()), t
+        assert sum(t.values()) <= s["seconds"] + 1e-3, (t, s["seconds"])
+        if "calibrate" in t:
+            assert t["calibrate"] > 0
 
 
 # Calibrated algorithms: the statistics (calib/capture.py), the searches and the sensitivity choice

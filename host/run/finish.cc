@@ -49,7 +49,7 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
 }
 
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& e, const Committed& c,
-                  uint64_t copied, double secs, const kernels::Backend& backend) {
+                  uint64_t copied, double secs, const kernels::Backend& backend, const nlohmann::json& layer_pass) {
   const size_t nw = planned.plan.weights.size(), ng = planned.plan.gathers.size();
   if (!o.quiet)
     spdlog::info("{} weights{}: {} -> {} ({:.2f} bits/weight), {} copied unchanged, rms error {:.3g}; "
@@ -87,7 +87,8 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"seconds", secs},
                              {"fsync_seconds", fsync_seconds()},
                              {"peak_rss_bytes", peak_rss_bytes()},
-                             {"genai_files", c.companions}}}};
+                             {"genai_files", c.companions},
+                             {"layer_pass", layer_pass}}}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
   if (ledger) report["summary"]["device"] = ledger_to_json(*ledger);
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {

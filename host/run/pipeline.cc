@@ -5,7 +5,7 @@
 
 #include <chrono>
 
-#include "host/run/layer_sensitivity.h"
+#include "host/run/layer_choice.h"
 #include "host/run/layers.h"
 #include "host/run/stages.h"
 #include "kernels/parallel.h"
@@ -40,28 +40,6 @@ void warn_inert_flags(const QuantizeOptions& o) {
       if (on) spdlog::warn("{}: no effect: --algo {} runs no calibration", flag, name_of(o.algo));
 }
 
-// The layer groups when --layer_by_layer can act; empty (with one line saying why) when the run goes
-// through the whole-model pass.
-std::vector<std::vector<size_t>> layer_plan(const QuantizeOptions& o, const Planned& planned) {
-  if (!o.layer_by_layer) return {};
-  if (!needs_calibration(o)) {
-    spdlog::warn("--layer_by_layer: no effect: --algo {} runs no calibration (its weights already stream)",
-                 name_of(o.algo));
-    return {};
-  }
-  std::string why;
-  auto groups = layer_groups(planned.plan, &why);
-  if (groups.empty()) spdlog::warn("--layer_by_layer: the graph cannot be cut into layers ({}); running the "
-                                   "whole-model pass", why);
-  if (!o.calib.calib_cache.empty() && !groups.empty())
-    spdlog::warn("--calib_cache {}: no effect with --layer_by_layer (each layer's statistics are dropped once it "
-                 "is written)", o.calib.calib_cache);
-  if (!groups.empty() && o.feed_quantized && mixed_needs_calibration(o) && !calibrates_after_pick(o))
-    spdlog::warn("--feed_quantized: no effect: --algo {} calibrates only for the sensitivity sweep, which feeds the "
-                 "float layers forward (nothing is quantized before the INT8 set is chosen)", name_of(o.algo));
-  return groups;
-}
-
 }  // namespace
 
 void validate_options(const QuantizeOptions& o) {
@@ -85,9 +63,10 @@ void validate_options(const QuantizeOptions& o) {
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
   if (o.threads < 0) throw Error("--threads must be >= 0");
   if (o.onnx_path.empty()) throw Error("--onnx_path is required");
-  if (o.resume && !o.layer_by_layer) throw Error("--resume continues a --layer_by_layer run: give both");
-  if (o.feed_quantized && !o.layer_by_layer)
-    throw Error("--feed_quantized feeds the quantized layers forward layer by layer: give --layer_by_layer too");
+  if (o.resume && o.layer_by_layer == LayerMode::kOff)
+    throw Error("--resume continues a --layer_by_layer run: not with --layer_by_layer off");
+  if (o.feed_quantized && o.layer_by_layer == LayerMode::kOff)
+    throw Error("--feed_quantized feeds the quantized layers forward layer by layer: not with --layer_by_layer off");
   if (o.output_path.empty()) throw Error("--output_path is required");
 }
 
@@ -105,7 +84,8 @@ int run_quantize(const QuantizeOptions& o) {
   LoadedModel loaded = load_stage(o);
   OnnxModel& model = *loaded.model;
   Planned planned = plan_stage(o, model);
-  const auto groups = layer_plan(o, planned);
+  const LayerChoice layers = choose_layer_pass(o, planned);
+  const auto& groups = layers.groups;
   Searched searched;
   if (groups.empty()) searched = search_stage(o, model, planned, *backend);
 
@@ -128,7 +108,7 @@ int run_quantize(const QuantizeOptions& o) {
   const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
   if (!groups.empty()) remove_layer_state(o);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  report_stage(o, planned, emitted, committed, copied, secs, *backend);
+  report_stage(o, planned, emitted, committed, copied, secs, *backend, layers.to_json());
   return 0;
 }
 

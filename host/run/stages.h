@@ -95,7 +95,8 @@ struct Committed {
 };
 Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const Emitted& emitted,
                        GraphRewriter& rewriter, ModelWriter& writer);
+// layer_pass: the pass in effect (LayerChoice::to_json), the report's summary.layer_pass.
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& emitted, const Committed& committed,
-                  uint64_t copied, double seconds, const kernels::Backend& backend);
+                  uint64_t copied, double seconds, const kernels::Backend& backend, const nlohmann::json& layer_pass);
 
 }  // namespace nibble

@@ -19,8 +19,8 @@ std::string auto_declines(const QuantizeOptions& o) {
            "whole model; layer by layer an fp16 model's statistics differ from it: --layer_by_layer on cuts it "
            "anyway)";
   if (!o.calib.calib_cache.empty())
-    return "--calib_cache " + o.calib.calib_cache + " keeps the whole model's statistics to reuse them "
-           "(--layer_by_layer on drops each layer's instead)";
+    return "a statistics cache is given (its entries are the whole model's statistics, to be reused; "
+           "--layer_by_layer on drops each layer's instead)";
   return "";
 }
 
@@ -50,10 +50,6 @@ LayerChoice decide(const QuantizeOptions& o, const Planned& planned) {
 
 LayerChoice choose_layer_pass(const QuantizeOptions& o, const Planned& planned) {
   LayerChoice c = decide(o, planned);
-  if (c.layered())
-    spdlog::info("layer by layer: {} layer groups ({})", c.groups.size(), c.why);
-  else
-    spdlog::info("the whole-model pass: {}", c.why);
   if (o.resume && !c.layered())
     throw Error("--resume continues a --layer_by_layer run, and this run takes the whole-model pass (" + c.why + ")");
   if (o.feed_quantized && !c.layered()) {
@@ -69,6 +65,13 @@ LayerChoice choose_layer_pass(const QuantizeOptions& o, const Planned& planned) 
     spdlog::warn("--feed_quantized: no effect: --algo {} calibrates only for the sensitivity sweep, which feeds the "
                  "float layers forward (nothing is quantized before the INT8 set is chosen)", name_of(o.algo));
   return c;
+}
+
+void log_layer_pass(const LayerChoice& c) {
+  if (c.layered())
+    spdlog::info("layer by layer: {} layer groups ({})", c.groups.size(), c.why);
+  else
+    spdlog::info("the whole-model pass: {}", c.why);
 }
 
 }  // namespace nibble

@@ -20,8 +20,11 @@ struct LayerChoice {
   }
 };
 
-// Decides, logs one line (a warning where an explicit `on` cannot act), and checks the flags that need a
+// Decides (with a warning where an explicit `on` cannot act), and checks the flags that need a
 // layer-by-layer run (--resume, --feed_quantized): Error when they are given to a whole-model run.
 LayerChoice choose_layer_pass(const QuantizeOptions& o, const Planned& planned);
+
+// The one progress line that says which pass runs and why; logged once the run's refusals are behind it.
+void log_layer_pass(const LayerChoice& c);
 
 }  // namespace nibble

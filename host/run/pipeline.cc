@@ -99,11 +99,16 @@ int run_quantize(const QuantizeOptions& o) {
   }
   ModelWriter writer(o.output_path, wopt);
   GraphRewriter rewriter(model.proto(), planned.format, writer, *backend);
-  // Logged only now: bad input fails above with its one error line and nothing else.
-  spdlog::info("{}; {}", why, backend->describe());
+  // Logged only now (layer by layer: after the first layer's calibration): bad input fails with its one
+  // error line and nothing else.
+  const auto announce = [&] {
+    log_layer_pass(layers);
+    spdlog::info("{}; {}", why, backend->describe());
+  };
+  if (groups.empty()) announce();
   const Emitted emitted = groups.empty()
                               ? emit_stage(o, model, planned, searched, rewriter, *backend)
-                              : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend);
+                              : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend, announce);
   const uint64_t copied = copy_rest_stage(model, rewriter, writer);
   const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
   if (!groups.empty()) remove_layer_state(o);

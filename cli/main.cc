@@ -157,11 +157,11 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
       ->expected(0, 1)
       ->type_name("auto|on|off");
   q.add_flag("--feed_quantized", o.feed_quantized,
-             "With --layer_by_layer: calibrate each layer on the outputs of the already-quantized layers before "
+             "Layer by layer: calibrate each layer on the outputs of the already-quantized layers before "
              "it (as sequential GPTQ and AutoAWQ do) instead of the float model's (the sensitivity sweep of "
              "--mixed_strategy sensitivity always feeds the float layers)");
   q.add_flag("--resume", o.resume,
-             "With --layer_by_layer: continue a stopped run (same flags) from its first unfinished layer (or "
+             "Layer by layer: continue a stopped run (same flags) from its first unfinished layer (or "
              "unmeasured layer of the sensitivity sweep)");
   q.add_option("--report", o.report, "Write a JSON report: flags, per-weight shape, bits, block, error, timings");
   q.add_flag("--quiet", o.quiet, "Only warnings and errors");

@@ -301,10 +301,14 @@ def test_default_goes_layer_by_layer_and_off_forces_whole_model(nibble, llama, t
     assert sorted(a) == sorted(b) and [n for n in a if a[n] != b[n]] == []
 
 
-@pytest.mark.parametrize("spelling", [["--layer_by_layer"], ["--layer_by_layer=on"], ["--layer_by_layer", "on"]])
+@pytest.mark.parametrize("spelling", [["--layer_by_layer"], ["--layer_by_layer=on"], ["--layer_by_layer", "on"],
+                                      ["--config", "PRESET"]])
 def test_old_boolean_spelling_is_on(nibble, llama, tmp_path, spelling):
-    """--layer_by_layer alone (the old boolean flag, here followed by another flag) still means on."""
+    """--layer_by_layer alone (the old boolean flag, here followed by another flag) still means on, and so
+    does a preset's `layer_by_layer = true`."""
     spec, path, npz, root = llama
+    (tmp_path / "preset.toml").write_text("layer_by_layer = true\n")
+    spelling = [str(tmp_path / "preset.toml") if a == "PRESET" else a for a in spelling]
     r = nibble.quantize(path, str(tmp_path / "m.onnx"), *spelling, "--algo", "rtn_dq",
                         "--report", str(tmp_path / "r.json"))
     assert report_of(tmp_path / "r.json")["options"]["layer_by_layer"] == "on"

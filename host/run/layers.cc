@@ -253,6 +253,16 @@ void remove_layer_state(const QuantizeOptions& o) {
   fs::remove_all(state_path(o), ec);
 }
 
+void remove_layer_state_if_nothing_finished(const QuantizeOptions& o) {
+  const fs::path dir = state_path(o);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "checkpoint.json" || n == "mixed.json" || n.rfind("sensitivity_", 0) == 0) return;  // work to resume
+  }
+  fs::remove_all(dir, ec);
+}
+
 Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned,
                              const std::vector<std::vector<size_t>>& groups, GraphRewriter& rewriter,
                              ModelWriter& writer, kernels::Backend& backend, const std::function<void()>& announce_once) {

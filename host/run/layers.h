@@ -46,4 +46,8 @@ ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter:
 // Removes the state folder (after commit).
 void remove_layer_state(const QuantizeOptions& o);
 
+// After a failed run: removes the state folder when no layer was finished (nothing to resume), so that
+// bad input leaves nothing behind; a folder with finished work is kept for --resume.
+void remove_layer_state_if_nothing_finished(const QuantizeOptions& o);
+
 }  // namespace nibble

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <exception>
 
 #include "host/run/layer_choice.h"
 #include "host/run/layers.h"
@@ -93,8 +94,16 @@ int run_quantize(const QuantizeOptions& o) {
   wopt.force = o.force;
   wopt.protected_paths = loaded.input_files;
   std::unique_ptr<LayerStateLock> state_lock;  // held until the state folder is removed
+  // A failure before any layer is finished leaves no state folder (destroyed after the writer below).
+  struct DropUnfinishedState {
+    const QuantizeOptions* o = nullptr;
+    ~DropUnfinishedState() {
+      if (o && std::uncaught_exceptions() > 0) remove_layer_state_if_nothing_finished(*o);
+    }
+  } drop_unfinished;
   if (!groups.empty()) {
     state_lock = open_layer_state(o, groups.size());
+    drop_unfinished.o = &o;
     wopt = layer_writer_options(o, wopt);
   }
   ModelWriter writer(o.output_path, wopt);

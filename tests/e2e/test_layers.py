@@ -350,3 +350,15 @@ def test_auto_takes_whole_model_pass_where_layers_do_not_fit(nibble, llama, tmp_
     assert "layer group" not in r.stderr and "--layer_by_layer:" not in r.stderr, r.describe()
     rep = report_of(tmp_path / "r.json")["summary"]["layer_pass"]
     assert rep["mode"] == "whole_model" and rep["why"].startswith(why)
+
+
+def test_default_run_failing_in_calibration_leaves_nothing(nibble, llama, tmp_path):
+    """Bad calibration input fails a layer-by-layer run in its first layer: one error line, and no state
+    folder (nothing was finished, so nothing to resume)."""
+    spec, path, npz, root = llama
+    out = tmp_path / "o" / "m.onnx"
+    r = nibble.quantize(path, str(out), "--calib_size", "2", "--calibration_eps", "cpu", check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]], r.describe()
+    assert "has no input_ids input" in r.stderr
+    assert os.listdir(out.parent) == []

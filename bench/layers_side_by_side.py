@@ -85,7 +85,7 @@ def main():
     for m in a.model:
         name = os.path.basename(os.path.dirname(os.path.abspath(m)))
         for mode in a.modes.split(","):
-            extra = ["--layer_by_layer"] if mode == "layers" else []
+            extra = ["--layer_by_layer", "on" if mode == "layers" else "off"]
             r = run_one(a.nibble, m, a.work, f"{name}_{mode}", flags + extra, a.until_search)
             r["model"], r["mode"] = m, mode
             rows.append(r)

@@ -56,7 +56,7 @@ void check_free_space(const std::string& dir, uint64_t needed, const std::string
   if (const char* t = std::getenv("NIBBLE_TEST_TMP_FREE_BYTES"); t && *t) free_b = std::strtoull(t, nullptr, 10);
   if (free_b >= needed) return;
   throw Error(what + " needs " + format_bytes(needed) + " in " + dir + ", " + format_bytes(free_b) +
-              " free: set TMPDIR to a larger disk, or quantize layer by layer (--layer_by_layer)");
+              " free: set TMPDIR to a larger disk, or quantize layer by layer (--layer_by_layer on)");
 }
 
 uint64_t sweep_dead_statistics(const std::string& tmp) {

@@ -37,7 +37,7 @@ constexpr const char* kAlgoHelp =
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
   std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory,
-      gather_quantize_axis;
+      gather_quantize_axis, layer_by_layer = "auto";
 };
 
 // The quantize flags in three parts (the --help order): input, output and algorithm; calibration; precision,
@@ -145,17 +145,23 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
                "(com.microsoft.MatMulNBits)");
   q.add_option("--threads", o.threads, "Worker threads (0: all cores)")->capture_default_str();
   q.add_flag("--force", o.force, "Overwrite an existing output model (never the input)");
-  q.add_flag("--layer_by_layer", o.layer_by_layer,
-             "Calibrate, search and quantize one decoder layer at a time: memory and temporary disk hold one "
-             "layer's statistics and the calibration windows' boundary activations, whatever the depth (with "
-             "--mixed_strategy sensitivity a first sweep over the layers measures every weight at 4 and 8 bits "
-             "before the INT8 set is chosen: one more calibration pass per layer)");
+  // An option whose value may be left out: `--layer_by_layer` alone (the old boolean flag) leaves "" = on.
+  q.add_option("--layer_by_layer", c.layer_by_layer,
+               "auto (default), on or off; alone: on. Calibrate, search and quantize one decoder layer at a time: "
+               "memory and temporary disk hold one layer's statistics and the calibration windows' boundary "
+               "activations, whatever the depth (with --mixed_strategy sensitivity a first sweep over the layers "
+               "measures every weight at 4 and 8 bits before the INT8 set is chosen: one more calibration pass per "
+               "layer). auto: layer by layer when the algorithm calibrates and the graph can be cut into layers; "
+               "the whole-model pass for --awq_mode modelopt, --calib_cache and graphs without layers (one line "
+               "says which and why)")
+      ->expected(0, 1)
+      ->type_name("auto|on|off");
   q.add_flag("--feed_quantized", o.feed_quantized,
-             "With --layer_by_layer: calibrate each layer on the outputs of the already-quantized layers before "
+             "Layer by layer: calibrate each layer on the outputs of the already-quantized layers before "
              "it (as sequential GPTQ and AutoAWQ do) instead of the float model's (the sensitivity sweep of "
              "--mixed_strategy sensitivity always feeds the float layers)");
   q.add_flag("--resume", o.resume,
-             "With --layer_by_layer: continue a stopped run (same flags) from its first unfinished layer (or "
+             "Layer by layer: continue a stopped run (same flags) from its first unfinished layer (or "
              "unmeasured layer of the sensitivity sweep)");
   q.add_option("--report", o.report, "Write a JSON report: flags, per-weight shape, bits, block, error, timings");
   q.add_flag("--quiet", o.quiet, "Only warnings and errors");
@@ -252,6 +258,7 @@ static void type_choices(const NamedChoices& c, nibble::QuantizeOptions& o) {
   if (!c.device_memory.empty()) o.device_memory = nibble::parse_size(c.device_memory, "--device_memory");
   if (!c.gather_quantize_axis.empty()) o.gather_quantize_axis = nibble::parse_gather_axis(c.gather_quantize_axis);
   if (!c.mixed_strategy.empty()) o.mixed_strategy_flag = nibble::parse_mixed_strategy(c.mixed_strategy);
+  o.layer_by_layer = nibble::parse_layer_mode(c.layer_by_layer);
   o.calib.threads = o.threads;
   o.calib.quiet = o.quiet;
 }

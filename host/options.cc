@@ -45,6 +45,8 @@ constexpr std::pair<const char*, MixedStrategy> kStrategyNames[] = {
     {"modelopt", MixedStrategy::kModelopt},
     {"layers_8bit", MixedStrategy::kLayers8bit},
     {"sensitivity", MixedStrategy::kSensitivity}};
+constexpr std::pair<const char*, LayerMode> kLayerModes[] = {
+    {"auto", LayerMode::kAuto}, {"on", LayerMode::kOn}, {"off", LayerMode::kOff}};
 
 }  // namespace
 
@@ -64,6 +66,13 @@ const char* name_of(Arithmetic a) { return name_in(a, kModes); }
 const char* name_of(Format f) { return name_in(f, kFormats); }
 const char* name_of(kernels::Device d) { return name_in(d, kDevices); }
 const char* name_of(MixedStrategy m) { return name_in(m, kStrategyNames); }
+const char* name_of(LayerMode m) { return name_in(m, kLayerModes); }
+
+LayerMode parse_layer_mode(const std::string& s) {
+  if (s.empty() || s == "true" || s == "1") return LayerMode::kOn;
+  if (s == "false" || s == "0") return LayerMode::kOff;
+  return parse_name(s, "--layer_by_layer", kLayerModes);
+}
 
 Format QuantizeOptions::resolved_format() const {
   if (format) return *format;

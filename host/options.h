@@ -21,6 +21,9 @@ enum class Format { kDq, kQdq, kMatMulNBits };
 // Who picks the INT8 weights: nobody (all INT4), ModelOpt's default rule, --layers_8bit, or nibble's
 // sensitivity measure.
 enum class MixedStrategy { kNone, kModelopt, kLayers8bit, kSensitivity };
+// --layer_by_layer: layer by layer whenever the graph can be cut and it helps (auto), always where it can (on),
+// or the whole-model pass (off). host/run/pipeline.cc decides what auto becomes, and says why.
+enum class LayerMode { kAuto, kOn, kOff };
 
 struct QuantizeOptions {
   // ModelOpt (examples/windows/onnx_ptq/genai_llm/quantize.py)
@@ -57,7 +60,7 @@ struct QuantizeOptions {
   bool force = false;
   // Calibrate, search and quantize one decoder layer at a time (host/run/layers.h); --resume continues
   // a stopped run from its first unfinished layer.
-  bool layer_by_layer = false;
+  LayerMode layer_by_layer = LayerMode::kAuto;
   bool resume = false;
   bool feed_quantized = false;  // layer L+1 calibrated on the outputs of the quantized layers 0..L
   std::string report;
@@ -85,10 +88,14 @@ Format parse_format(const std::string& s);
 int parse_gather_axis(const std::string& s);
 kernels::Device parse_device(const std::string& s);
 MixedStrategy parse_mixed_strategy(const std::string& s);
+// --layer_by_layer auto|on|off; "" (the flag alone) and true/false (a preset's boolean) keep the old
+// boolean spelling working.
+LayerMode parse_layer_mode(const std::string& s);
 const char* name_of(Algo a);
 const char* name_of(Arithmetic a);
 const char* name_of(Format f);
 const char* name_of(kernels::Device d);
 const char* name_of(MixedStrategy m);  // "" for kNone
+const char* name_of(LayerMode m);
 
 }  // namespace nibble

@@ -48,8 +48,25 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
   return c;
 }
 
+// Where the run's time went, by stage (a layer-by-layer run's calibration, search and quantization are
+// all in `layers`).
+nlohmann::json stage_seconds_json(const QuantizeOptions& o, const StageSeconds& t) {
+  nlohmann::json j = {{"load", t.load}, {"write", t.write}};
+  if (t.layers > 0) {
+    j["layers"] = t.layers;
+    return j;
+  }
+  j["quantize"] = t.quantize;
+  if (needs_calibration(o)) {
+    j["calibrate"] = t.calibrate;
+    j["search"] = t.search;
+  }
+  return j;
+}
+
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& e, const Committed& c,
-                  uint64_t copied, const StageSeconds& t, const kernels::Backend& backend) {
+                  uint64_t copied, const StageSeconds& t, const kernels::Backend& backend,
+                  const nlohmann::json& layer_pass) {
   const double secs = t.total;
   const size_t nw = planned.plan.weights.size(), ng = planned.plan.gathers.size();
   if (!o.quiet)
@@ -88,18 +105,9 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"seconds", secs},
                              {"fsync_seconds", fsync_seconds()},
                              {"peak_rss_bytes", peak_rss_bytes()},
-                             {"genai_files", c.companions}}}};
-  nlohmann::json stage_seconds = {{"load", t.load}, {"write", t.write}};
-  if (t.layers > 0) {
-    stage_seconds["layers"] = t.layers;
-  } else {
-    stage_seconds["quantize"] = t.quantize;
-    if (needs_calibration(o)) {
-      stage_seconds["calibrate"] = t.calibrate;
-      stage_seconds["search"] = t.search;
-    }
-  }
-  report["summary"]["stage_seconds"] = stage_seconds;
+                             {"genai_files", c.companions},
+                             {"layer_pass", layer_pass}}}};
+  report["summary"]["stage_seconds"] = stage_seconds_json(o, t);
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
   if (ledger) report["summary"]["device"] = ledger_to_json(*ledger);
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {

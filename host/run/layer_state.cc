@@ -43,7 +43,9 @@ LayerStateLock::~LayerStateLock() {
 
 nlohmann::json resume_settings(const QuantizeOptions& o) {
   nlohmann::json j = options_to_json(o);
-  for (const char* k : {"resume", "force", "report", "quiet", "verbose", "threads", "config"}) j.erase(k);
+  // layer_by_layer: auto and on run the same layers and write the same bytes, so either resumes the other.
+  for (const char* k : {"resume", "force", "report", "quiet", "verbose", "threads", "config", "layer_by_layer"})
+    j.erase(k);
   return j;
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "host/run/layer_sensitivity.h"
 #include "host/run/layer_state.h"
@@ -105,10 +106,12 @@ void drop_effective(const QuantizeOptions& o, size_t g) {
 
 // One group computed: calibrate it alone, search, emit; the scales kept for a resumed run.
 Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const std::vector<size_t>& idx,
-                  size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend) {
+                  size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend,
+                  const std::function<void()>& announce) {
   Planned sub = sub_plan(planned, idx);
   Searched s;
   if (!calibrates_after_pick(o)) {  // RTN with the INT8 set chosen: nothing left to measure
+    announce();
     Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
     save_scales(o, g, s);  // none, but a resumed run reads every finished group's
     spdlog::info("layer group {}: {} weights (no calibration: the INT8 set is chosen)", g, idx.size());
@@ -132,6 +135,7 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   const auto t0 = std::chrono::steady_clock::now();
   s.calib = Calibration::run(copt, model.path(), acts, /*mask_padding=*/masks_padding(o), extras);
   s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  announce();  // after the first calibration: bad calibration input fails with its one error line alone
   search_calibrated(o, model, sub, backend, s);
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
@@ -249,9 +253,24 @@ void remove_layer_state(const QuantizeOptions& o) {
   fs::remove_all(state_path(o), ec);
 }
 
+void remove_layer_state_if_nothing_finished(const QuantizeOptions& o) {
+  const fs::path dir = state_path(o);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "checkpoint.json" || n == "mixed.json" || n.rfind("sensitivity_", 0) == 0) return;  // work to resume
+  }
+  fs::remove_all(dir, ec);
+}
+
 Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned,
                              const std::vector<std::vector<size_t>>& groups, GraphRewriter& rewriter,
-                             ModelWriter& writer, kernels::Backend& backend) {
+                             ModelWriter& writer, kernels::Backend& backend, const std::function<void()>& announce_once) {
+  bool announced = false;
+  const std::function<void()> announce = [&] {
+    if (!announced) announce_once();
+    announced = true;
+  };
   const fs::path dir = state_path(o);
   const std::string groups_file = (dir / "groups.json").string();
   {
@@ -263,7 +282,10 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     }
     write_json_file(groups_file, j);
   }
-  if (mixed_needs_calibration(o)) choose_int8_layer_by_layer(o, model, planned, groups, groups_file, backend);
+  if (mixed_needs_calibration(o)) {
+    announce();  // the sweep says what it does before it calibrates
+    choose_int8_layer_by_layer(o, model, planned, groups, groups_file, backend);
+  }
   Emitted total;
   size_t first = 0;
   std::error_code ec;
@@ -286,15 +308,17 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     total.bytes_out = c.at("bytes_out");
     total.sq_error = c.at("sq_error");
     total.elements = c.at("elements");
+    announce();
     spdlog::info("--resume: layers 0..{} were finished; continuing at layer group {} of {}", first - 1, first,
                  groups.size());
   }
   for (size_t g = first; g < groups.size(); ++g) {
-    add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend));
+    add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend, announce));
     write_checkpoint(o, g + 1, writer, total);
     fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
     if (g > 0) drop_effective(o, g - 1);
   }
+  announce();
   total.zero_point = writes_zero_point(o);  // as emit_stage says
   return total;
 }

@@ -6,6 +6,7 @@
 // layer and gives the same bytes as an uninterrupted run. With --mixed_strategy sensitivity a first sweep
 // over the layers chooses the INT8 set before this loop (host/run/layer_sensitivity.h).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,10 +26,11 @@ std::string layer_state_dir(const std::string& output_path);
 
 // Runs every group: calibrate, search, emit. On --resume, finished layers are laid out again from the
 // checkpoint without being computed. The writer must have been opened on the state's data file
-// (layer_writer_options).
+// (layer_writer_options). `announce` (the run's first progress lines) is called once, after the first
+// layer's calibration, so that bad calibration input fails with its one error line alone.
 Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned,
                              const std::vector<std::vector<size_t>>& groups, GraphRewriter& rewriter,
-                             ModelWriter& writer, kernels::Backend& backend);
+                             ModelWriter& writer, kernels::Backend& backend, const std::function<void()>& announce);
 
 // Opens the state folder of a layer-by-layer run of `groups` layer groups, locked for this run. Refuses
 // (Error, one line), before anything is deleted, when the output exists without --force, when --resume
@@ -43,5 +45,9 @@ ModelWriter::Options layer_writer_options(const QuantizeOptions& o, ModelWriter:
 
 // Removes the state folder (after commit).
 void remove_layer_state(const QuantizeOptions& o);
+
+// After a failed run: removes the state folder when no layer was finished (nothing to resume), so that
+// bad input leaves nothing behind; a folder with finished work is kept for --resume.
+void remove_layer_state_if_nothing_finished(const QuantizeOptions& o);
 
 }  // namespace nibble

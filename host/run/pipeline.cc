@@ -4,8 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <exception>
 
-#include "host/run/layer_sensitivity.h"
+#include "host/run/layer_choice.h"
 #include "host/run/layers.h"
 #include "host/run/stages.h"
 #include "kernels/parallel.h"
@@ -40,28 +41,6 @@ void warn_inert_flags(const QuantizeOptions& o) {
       if (on) spdlog::warn("{}: no effect: --algo {} runs no calibration", flag, name_of(o.algo));
 }
 
-// The layer groups when --layer_by_layer can act; empty (with one line saying why) when the run goes
-// through the whole-model pass.
-std::vector<std::vector<size_t>> layer_plan(const QuantizeOptions& o, const Planned& planned) {
-  if (!o.layer_by_layer) return {};
-  if (!needs_calibration(o)) {
-    spdlog::warn("--layer_by_layer: no effect: --algo {} runs no calibration (its weights already stream)",
-                 name_of(o.algo));
-    return {};
-  }
-  std::string why;
-  auto groups = layer_groups(planned.plan, &why);
-  if (groups.empty()) spdlog::warn("--layer_by_layer: the graph cannot be cut into layers ({}); running the "
-                                   "whole-model pass", why);
-  if (!o.calib.calib_cache.empty() && !groups.empty())
-    spdlog::warn("--calib_cache {}: no effect with --layer_by_layer (each layer's statistics are dropped once it "
-                 "is written)", o.calib.calib_cache);
-  if (!groups.empty() && o.feed_quantized && mixed_needs_calibration(o) && !calibrates_after_pick(o))
-    spdlog::warn("--feed_quantized: no effect: --algo {} calibrates only for the sensitivity sweep, which feeds the "
-                 "float layers forward (nothing is quantized before the INT8 set is chosen)", name_of(o.algo));
-  return groups;
-}
-
 }  // namespace
 
 void validate_options(const QuantizeOptions& o) {
@@ -85,9 +64,10 @@ void validate_options(const QuantizeOptions& o) {
   if (o.use_column_major) throw Error("--use_column_major is not implemented yet");
   if (o.threads < 0) throw Error("--threads must be >= 0");
   if (o.onnx_path.empty()) throw Error("--onnx_path is required");
-  if (o.resume && !o.layer_by_layer) throw Error("--resume continues a --layer_by_layer run: give both");
-  if (o.feed_quantized && !o.layer_by_layer)
-    throw Error("--feed_quantized feeds the quantized layers forward layer by layer: give --layer_by_layer too");
+  if (o.resume && o.layer_by_layer == LayerMode::kOff)
+    throw Error("--resume continues a --layer_by_layer run: not with --layer_by_layer off");
+  if (o.feed_quantized && o.layer_by_layer == LayerMode::kOff)
+    throw Error("--feed_quantized feeds the quantized layers forward layer by layer: not with --layer_by_layer off");
   if (o.output_path.empty()) throw Error("--output_path is required");
 }
 
@@ -112,7 +92,8 @@ int run_quantize(const QuantizeOptions& o) {
   LoadedModel loaded = load_stage(o);
   OnnxModel& model = *loaded.model;
   Planned planned = plan_stage(o, model);
-  const auto groups = layer_plan(o, planned);
+  const LayerChoice layers = choose_layer_pass(o, planned);
+  const auto& groups = layers.groups;
   secs.load = lap();
   Searched searched;
   if (groups.empty()) {
@@ -125,24 +106,37 @@ int run_quantize(const QuantizeOptions& o) {
   wopt.force = o.force;
   wopt.protected_paths = loaded.input_files;
   std::unique_ptr<LayerStateLock> state_lock;  // held until the state folder is removed
+  // A failure before any layer is finished leaves no state folder (destroyed after the writer below).
+  struct DropUnfinishedState {
+    const QuantizeOptions* o = nullptr;
+    ~DropUnfinishedState() {
+      if (o && std::uncaught_exceptions() > 0) remove_layer_state_if_nothing_finished(*o);
+    }
+  } drop_unfinished;
   if (!groups.empty()) {
     state_lock = open_layer_state(o, groups.size());
+    drop_unfinished.o = &o;
     wopt = layer_writer_options(o, wopt);
   }
   ModelWriter writer(o.output_path, wopt);
   GraphRewriter rewriter(model.proto(), planned.format, writer, *backend);
-  // Logged only now: bad input fails above with its one error line and nothing else.
-  spdlog::info("{}; {}", why, backend->describe());
+  // Logged only now (layer by layer: after the first layer's calibration): bad input fails with its one
+  // error line and nothing else.
+  const auto announce = [&] {
+    log_layer_pass(layers);
+    spdlog::info("{}; {}", why, backend->describe());
+  };
+  if (groups.empty()) announce();
   const Emitted emitted = groups.empty()
                               ? emit_stage(o, model, planned, searched, rewriter, *backend)
-                              : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend);
+                              : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend, announce);
   (groups.empty() ? secs.quantize : secs.layers) = lap();
   const uint64_t copied = copy_rest_stage(model, rewriter, writer);
   const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
   if (!groups.empty()) remove_layer_state(o);
   secs.write = lap();
   secs.total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  report_stage(o, planned, emitted, committed, copied, secs, *backend);
+  report_stage(o, planned, emitted, committed, copied, secs, *backend, layers.to_json());
   return 0;
 }
 

@@ -55,7 +55,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"format", o.format ? name_of(*o.format) : ""},
           {"threads", o.threads},
           {"force", o.force},
-          {"layer_by_layer", o.layer_by_layer},
+          {"layer_by_layer", name_of(o.layer_by_layer)},
           {"resume", o.resume},
           {"feed_quantized", o.feed_quantized},
           {"report", o.report},

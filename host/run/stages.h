@@ -100,7 +100,9 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
 struct StageSeconds {
   double load = 0, calibrate = 0, search = 0, quantize = 0, layers = 0, write = 0, total = 0;
 };
+// layer_pass: the pass in effect (LayerChoice::to_json), the report's summary.layer_pass.
 void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitted& emitted, const Committed& committed,
-                  uint64_t copied, const StageSeconds& seconds, const kernels::Backend& backend);
+                  uint64_t copied, const StageSeconds& seconds, const kernels::Backend& backend,
+                  const nlohmann::json& layer_pass);
 
 }  // namespace nibble

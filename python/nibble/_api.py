@@ -89,6 +89,8 @@ def _kwarg_flags(kwargs: dict[str, Any]) -> list[str]:
     for k, v in kwargs.items():
         if k == "awqlite_fuse_nodes":  # ModelOpt's positive spelling of --awqlite_disable_fuse_nodes
             flags += [] if v else ["--awqlite_disable_fuse_nodes"]
+        elif k == "layer_by_layer" and isinstance(v, bool):  # not a plain flag: False means off, not the default
+            flags.append("--layer_by_layer=" + ("on" if v else "off"))
         elif k == "layers_8bit" and not isinstance(v, str):
             flags.append("--layers_8bit=" + ",".join(v))
         elif v is True:

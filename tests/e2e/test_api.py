@@ -151,3 +151,11 @@ def test_single_file_output(small, tmp_path, monkeypatch):
                             use_external_data_format=False, log_level="WARNING")
     assert "nothing was written" in str(e.value)
     assert folder_digest(str(out.parent)) == before
+
+
+def test_layer_by_layer_keyword_is_a_mode():
+    """layer_by_layer=False must say off (a dropped False flag would mean the default, auto)."""
+    from nibble._api import _kwarg_flags
+    assert _kwarg_flags({"layer_by_layer": False}) == ["--layer_by_layer=off"]
+    assert _kwarg_flags({"layer_by_layer": True}) == ["--layer_by_layer=on"]
+    assert _kwarg_flags({"layer_by_layer": "auto"}) == ["--layer_by_layer=auto"]

@@ -78,13 +78,15 @@ def test_report_is_deterministic_apart_from_timings(nibble, shaped, tmp_path):
 
 
 def test_report_says_where_the_time_went(nibble, shaped, tmp_path):
-    """summary.stage_seconds: load, calibrate, search, quantize and write for a calibrated run (only
-    load, quantize and write without calibration), each at least 0, together within the run's seconds."""
+    """summary.stage_seconds: load, calibrate, search, quantize and write for a calibrated whole-model run
+    (only load, quantize and write without calibration; load, layers and write layer by layer), each at
+    least 0, together within the run's seconds."""
     import json
     src = shaped("fp16")
+    calib = ["--algo", "awq_lite", "--use_random_calib", "--calib_size", "2", "--calib_seq_len", "32"]
     for flags, stages in ((["--algo", "rtn_dq"], {"load", "quantize", "write"}),
-                          (["--algo", "awq_lite", "--use_random_calib", "--calib_size", "2", "--calib_seq_len", "32"],
-                           {"load", "calibrate", "search", "quantize", "write"})):
+                          (calib + ["--layer_by_layer", "off"], {"load", "calibrate", "search", "quantize", "write"}),
+                          (calib, {"load", "layers", "write"})):
         rep = tmp_path / "r.json"
         nibble.quantize(src, str(tmp_path / "o" / "model.onnx"), *flags, "--quiet", "--force", "--report", str(rep))
         s = json.loads(rep.read_text())["summary"]

@@ -3,9 +3,12 @@ the previous one left, searched, quantized and written in turn.
 
 * With the float layers fed forward (the only mode), every layer sees the activations the whole-model
   pass sees, so every output initializer (codes, scales, folded gammas) equals the whole-model run's,
-  for awq_lite, awq_clip, awq_full and gptq, on a Llama-shaped test model of 4 layers.
+  for awq_lite, awq_clip, awq_full, gptq and awq_gptq, on a Llama-shaped fp32 test model of 4 layers.
 * --resume after a SIGKILL in the middle of a run gives the same bytes as a run never stopped.
 * A graph with no layer numbers falls back to the whole-model pass with one line.
+* --layer_by_layer auto (the default) goes layer by layer on a cuttable graph, and takes the whole-model
+  pass, with one line saying why, for a graph without layers, --awq_mode modelopt, --calib_cache and
+  calibration-free algorithms; off forces the whole-model pass; the report records the pass in effect.
 * Checkpoints are never lost: a re-run without --resume refuses and keeps the stopped run's state,
   --resume on another model at the same path is refused, and a second run on a live run's output refuses.
 """
@@ -47,12 +50,12 @@ def initializers(path: str) -> dict[str, bytes]:
     return {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
 
 
-@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "awq_full", "gptq"])
+@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq"])
 def test_layer_by_layer_equals_whole_model(nibble, llama, algo):
     spec, path, npz, root = llama
     whole = os.path.join(root, f"whole_{algo}", "model.onnx")
     layered = os.path.join(root, f"layered_{algo}", "model.onnx")
-    nibble.quantize(path, whole, "--algo", algo, *calib_args(npz))
+    nibble.quantize(path, whole, "--algo", algo, "--layer_by_layer", "off", *calib_args(npz))
     r = nibble.quantize(path, layered, "--algo", algo, "--layer_by_layer", *calib_args(npz))
     assert "layer group 3:" in r.stderr, r.describe()
     a, b = initializers(whole), initializers(layered)
@@ -125,8 +128,14 @@ def test_resume_with_other_flags_refused(nibble, llama, tmp_path):
 
 def test_resume_needs_layer_by_layer(nibble, llama, tmp_path):
     spec, path, npz, root = llama
-    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--resume", *calib_args(npz), check=False)
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--resume", "--layer_by_layer", "off", *calib_args(npz),
+                        check=False)
     assert r.returncode != 0 and "--resume continues a --layer_by_layer run" in r.stderr
+    # auto that takes the whole-model pass refuses it too, saying why
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--resume", "--awq_mode", "modelopt", *calib_args(npz),
+                        check=False)
+    assert r.returncode != 0 and "--resume continues a --layer_by_layer run" in r.stderr
+    assert "--awq_mode modelopt" in r.stderr.strip().splitlines()[-1]
 
 
 def test_uncuttable_graph_falls_back(nibble, model_cache, tmp_path):
@@ -168,7 +177,8 @@ def test_feed_quantized(nibble, llama, tmp_path):
 
 def test_feed_quantized_needs_layer_by_layer(nibble, llama, tmp_path):
     spec, path, npz, root = llama
-    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--feed_quantized", *calib_args(npz), check=False)
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--feed_quantized", "--layer_by_layer", "off",
+                        *calib_args(npz), check=False)
     assert r.returncode != 0 and "--feed_quantized" in r.stderr.strip().splitlines()[-1]
 
 
@@ -254,3 +264,101 @@ def test_second_run_on_a_live_runs_output_refuses(nibble, llama, tmp_path):
         first.wait(timeout=300)
     assert first.returncode == 0  # the first run was not disturbed
     assert out.exists() and not lock.parent.exists()
+
+
+def report_of(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def pass_line(stderr: str) -> str:
+    """The one line that says which pass the run takes."""
+    lines = [l for l in stderr.splitlines() if "info layer by layer:" in l or "info the whole-model pass:" in l]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_default_goes_layer_by_layer_and_off_forces_whole_model(nibble, llama, tmp_path):
+    """With every flag at its default a calibrated run on a cuttable graph goes layer by layer, and its
+    fp32 codes equal those of --layer_by_layer off (the whole-model pass)."""
+    spec, path, npz, root = llama
+    auto, off = tmp_path / "auto" / "m.onnx", tmp_path / "off" / "m.onnx"
+    r = nibble.quantize(path, str(auto), *calib_args(npz), "--report", str(tmp_path / "auto.json"))
+    assert f"layer by layer: {LAYERS} layer groups (--layer_by_layer auto" in pass_line(r.stderr)
+    assert f"layer group {LAYERS - 1}:" in r.stderr, r.describe()
+    rep = report_of(tmp_path / "auto.json")
+    assert rep["options"]["layer_by_layer"] == "auto"
+    assert rep["summary"]["layer_pass"]["mode"] == "layer_by_layer"
+    assert rep["summary"]["layer_pass"]["layer_groups"] == LAYERS
+
+    r = nibble.quantize(path, str(off), *calib_args(npz), "--layer_by_layer", "off",
+                        "--report", str(tmp_path / "off.json"))
+    assert "the whole-model pass: --layer_by_layer off" in pass_line(r.stderr)
+    assert "layer group" not in r.stderr
+    rep = report_of(tmp_path / "off.json")
+    assert rep["summary"]["layer_pass"] == {"mode": "whole_model", "layer_groups": 0, "why": "--layer_by_layer off"}
+    a, b = initializers(str(auto)), initializers(str(off))
+    assert sorted(a) == sorted(b) and [n for n in a if a[n] != b[n]] == []
+
+
+@pytest.mark.parametrize("spelling", [["--layer_by_layer"], ["--layer_by_layer=on"], ["--layer_by_layer", "on"],
+                                      ["--config", "PRESET"]])
+def test_old_boolean_spelling_is_on(nibble, llama, tmp_path, spelling):
+    """--layer_by_layer alone (the old boolean flag, here followed by another flag) still means on, and so
+    does a preset's `layer_by_layer = true`."""
+    spec, path, npz, root = llama
+    (tmp_path / "preset.toml").write_text("layer_by_layer = true\n")
+    spelling = [str(tmp_path / "preset.toml") if a == "PRESET" else a for a in spelling]
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), *spelling, "--algo", "rtn_dq",
+                        "--report", str(tmp_path / "r.json"))
+    assert report_of(tmp_path / "r.json")["options"]["layer_by_layer"] == "on"
+    assert "--layer_by_layer: no effect: --algo rtn_dq runs no calibration" in r.stderr
+
+
+def test_bad_layer_mode_is_one_line(nibble, llama, tmp_path):
+    spec, path, npz, root = llama
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), "--layer_by_layer", "sometimes", check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip() == "nibble: error: --layer_by_layer sometimes is unknown (choose auto, on or off)"
+
+
+def test_default_on_uncuttable_graph_is_whole_model(nibble, model_cache, tmp_path):
+    spec, path = model_cache.gemm()
+    rng = np.random.default_rng(3)
+    npz = str(tmp_path / "c.npz")
+    np.savez(npz, x=rng.standard_normal((28, spec.hidden)).astype(np.float32))
+    r = nibble.quantize(path, str(tmp_path / "o" / "m.onnx"), "--algo", "awq_lite", "--calib_data", npz,
+                        "--calib_size", "4", "--calibration_eps", "cpu", "--report", str(tmp_path / "r.json"))
+    line = pass_line(r.stderr)
+    assert "the whole-model pass: the graph cannot be cut into layers (the node names number fewer than two" in line
+    assert "--layer_by_layer:" not in r.stderr  # auto was not asked for layers: no warning
+    rep = report_of(tmp_path / "r.json")["summary"]["layer_pass"]
+    assert rep["mode"] == "whole_model" and rep["why"].startswith("the graph cannot be cut into layers")
+
+
+@pytest.mark.parametrize("flags,why", [
+    (["--awq_mode", "modelopt"], "--awq_mode modelopt keeps ModelOpt's whole-model calibration"),
+    (["--algo", "rtn_dq"], "--algo rtn_dq runs no calibration"),
+    (["--algo", "hqq"], "--algo hqq runs no calibration"),
+    (["--calib_cache", "CACHE"], "a statistics cache is given (its entries are the whole model's statistics"),
+])
+def test_auto_takes_whole_model_pass_where_layers_do_not_fit(nibble, llama, tmp_path, flags, why):
+    spec, path, npz, root = llama
+    flags = [str(tmp_path / "cache") if f == "CACHE" else f for f in flags]
+    r = nibble.quantize(path, str(tmp_path / "m.onnx"), *flags, *calib_args(npz), "--report", str(tmp_path / "r.json"))
+    assert f"the whole-model pass: {why}" in pass_line(r.stderr), r.describe()
+    assert "layer group" not in r.stderr and "--layer_by_layer:" not in r.stderr, r.describe()
+    rep = report_of(tmp_path / "r.json")["summary"]["layer_pass"]
+    assert rep["mode"] == "whole_model" and rep["why"].startswith(why)
+
+
+def test_default_run_failing_in_calibration_leaves_nothing(nibble, llama, tmp_path):
+    """Bad calibration input fails a layer-by-layer run in its first layer: one error line, and no state
+    folder (nothing was finished, so nothing to resume)."""
+    spec, path, npz, root = llama
+    out = tmp_path / "o" / "m.onnx"
+    r = nibble.quantize(path, str(out), "--calib_size", "2", "--calibration_eps", "cpu", check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]], r.describe()
+    assert "has no input_ids input" in r.stderr
+    assert os.listdir(out.parent) == []

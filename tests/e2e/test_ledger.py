@@ -129,7 +129,7 @@ def test_awq_lite_moves_each_weight_and_each_gram_once(nibble, ledger_model, dee
     W ⊙ s; each activation's Gram matrix goes up once, as float32, for its Cholesky factor, which never
     comes back."""
     _, src, npz = ledger_model
-    r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", "awq_lite")
+    r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", "awq_lite", "--layer_by_layer", "off")
     ops, w = d["ops"], r["summary"]["bytes_in"]
     acts = activations(src, r)
     assert ops["keep"]["h2d_bytes"] == w
@@ -141,7 +141,7 @@ def test_awq_lite_moves_each_weight_and_each_gram_once(nibble, ledger_model, dee
     check_down(r, d, out)
     check_on_host(d)
     assert d["on_host"] == ["awq_scale"]
-    check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", "awq_lite", held=True)
+    check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", "awq_lite", "--layer_by_layer", "off", held=True)
 
 
 def test_awq_lite_modelopt_mode_moves_each_weight_and_each_gram_once(nibble, ledger_model, tmp_path):
@@ -190,7 +190,7 @@ def test_gptq_moves_each_weight_and_each_gram_once(nibble, ledger_model, deep_mo
     """GPTQ's factor reads each activation's float64 Gram once (it goes up as float64: K² · 8 bytes);
     awq_gptq's AWQ search reads it once more for its Cholesky factor, as float32 (exact there)."""
     _, src, npz = ledger_model
-    r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", algo)
+    r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", algo, "--layer_by_layer", "off")
     acts = activations(src, r)
     w, g32 = r["summary"]["bytes_in"], gram_bytes(acts)
     stats = 2 * g32 + (g32 if algo == "awq_gptq" else 0)
@@ -199,7 +199,7 @@ def test_gptq_moves_each_weight_and_each_gram_once(nibble, ledger_model, deep_mo
     assert w <= d["h2d_bytes"] <= 1.1 * (w + stats)
     check_down(r, d, out)
     check_on_host(d)
-    check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", algo, held=algo == "awq_gptq")
+    check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", algo, "--layer_by_layer", "off", held=algo == "awq_gptq")
 
 
 @pytest.mark.parametrize("fmt", ["dq", "matmulnbits"])
@@ -226,7 +226,7 @@ def test_mixed_by_sensitivity_moves_each_weight_once(nibble, ledger_model, deep_
     The Gram matrices go up for the search's factor, for the losses (kept for the sibling weights) and again
     for the INT8 inputs' second search: at most three times each."""
     _, src, npz = ledger_model
-    flags = ("--algo", "awq_lite", "--mixed_strategy", "sensitivity")
+    flags = ("--algo", "awq_lite", "--mixed_strategy", "sensitivity", "--layer_by_layer", "off")  # the whole-model pass
     r, d, out = _run(nibble, src, str(tmp_path), npz, *flags)
     ops, w = d["ops"], r["summary"]["bytes_in"]
     acts = activations(src, r)

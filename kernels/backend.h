@@ -39,6 +39,11 @@ struct GramFactor {
   bool ok() const { return !host.empty() || resident; }
 };
 
+// The Gram-form clip search's losses are float products E = G_g·D over tiles of this many output
+// columns (starting at multiples of it): part of the operation's definition, since BLAS sums a product
+// in an order that depends on its shape. Every backend issues the same tiles, so their choices agree.
+constexpr int64_t kGramClipColumns = 256;
+
 // nibble's Gram-form clip search: candidate ratios, tried in this order (1.0 should come first).
 struct GramClipOptions {
   std::vector<float> ratios;

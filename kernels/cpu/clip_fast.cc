@@ -31,7 +31,7 @@ void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const doub
   out.scales.assign(size_t(G * N), 0.0f);
   out.zero_points.assign(zp ? size_t(G * N) : 0, 0);
   if (chosen) chosen->assign(size_t(N * G), 1.0f);
-  constexpr int64_t kCols = 256;
+  constexpr int64_t kCols = kGramClipColumns;
   const int64_t chunks = num_blocks(N, kCols);
   std::vector<double> err(size_t(G * chunks), 0.0);
   parallel_for(G * chunks, [&](int64_t task) {

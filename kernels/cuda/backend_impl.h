@@ -152,7 +152,9 @@ class CudaBackend final : public Backend {
   // as wide as fits beside `fixed` bytes with `scratch_per_column` more bytes for each column.
   template <class Run>
   void quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
-                       const Run& run, uint64_t scratch_per_column = 0);
+                       const Run& run, uint64_t scratch_per_column = 0, int64_t column_quantum = 2);
+  // The Gram clip search's E_g = G_g·D_g of one panel `wd` columns wide, in the CPU backend's tiles.
+  void gram_clip_products(int64_t wd, int64_t K, int64_t B, const float* gb, const float* d, float* e);
   template <class T>
   DeviceBuffer<T> upload(const T* p, size_t n);
   template <class T>

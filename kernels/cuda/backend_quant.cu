@@ -136,7 +136,7 @@ void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vect
 
 template <class Run>
 void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
-                                  const Run& run, uint64_t scratch_per_column) {
+                                  const Run& run, uint64_t scratch_per_column, int64_t column_quantum) {
   check(spec);
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
@@ -150,7 +150,8 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   const uint64_t per_col =
       uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(K + 1) / 2 + uint64_t(G) * (4 + 2 + 1 + 8) + 8 + scratch_per_column;
   int64_t width = panel_width(fixed, per_col, N, "quantize");
-  if (width < N && width > 1) width -= width % 2;  // panels start on whole bytes of packed codes
+  // Panels start on whole bytes of packed codes (a quantum of 2), or on an operation's column tiles.
+  if (width < N && width > column_quantum) width -= width % column_quantum;
   // 4-bit codes come back packed (half the bytes) when every panel is whole bytes of the packed weight.
   const bool packed = spec.bits == 4 && (w.k_axis == 0 ? N % 2 == 0 : true) && (width % 2 == 0 || width == N);
   out.packed.assign(packed ? size_t((w.rows * w.cols + 1) / 2) : 0, 0);
@@ -316,14 +317,27 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
         launch(*dev_, cells, ClipRangeBody{p.view, shape, range.get()});
         for (int64_t ci = 0; ci < C; ++ci) {
           launch(*dev_, K * wd, ClipResidualBody{p.view, shape, range.get(), r_d.get(), R, ci, d.get()});
-          // E_g = G_g · D_g for every block g: column-major, D_g is the [wd, B] matrix D_gᵀ.
-          la().sgemm_strided_batched(Op::kN, Op::kN, int(wd), int(B), int(B), 1.0f, d.get(), int(wd), B * wd,
-                                     gb.get(), int(B), B * B, 0.0f, e.get(), int(wd), B * wd, int(G));
+          gram_clip_products(wd, K, B, gb.get(), d.get(), e.get());
           launch(*dev_, cells, ClipLossBody{K, wd, B, ci, d.get(), e.get(), best_loss.get(), best_ci.get()});
         }
         launch(*dev_, cells, ClipWriteBody{p.view, shape, q.out(), range.get(), r_d.get(), R, best_ci.get()});
       },
-      scratch);
+      scratch, kGramClipColumns);
+}
+
+void CudaBackend::gram_clip_products(int64_t wd, int64_t K, int64_t B, const float* gb, const float* d, float* e) {
+  // E_g = G_g · D_g for every block g, column-major (D_g is the [wd, B] matrix D_gᵀ), in the CPU's
+  // products: tiles of kGramClipColumns columns, the partial last block as its own kn x kn product.
+  const int64_t full = K / B, kn = K - full * B;
+  for (int64_t c0 = 0; c0 < wd; c0 += kGramClipColumns) {
+    const int nc = int(std::min(kGramClipColumns, wd - c0));
+    if (full > 0)
+      la().sgemm_strided_batched(Op::kN, Op::kN, nc, int(B), int(B), 1.0f, d + c0, int(wd), B * wd, gb, int(B), B * B,
+                                 0.0f, e + c0, int(wd), B * wd, int(full));
+    if (kn > 0)
+      la().sgemm(Op::kN, Op::kN, nc, int(kn), int(kn), 1.0f, d + full * B * wd + c0, int(wd), gb + full * B * B, int(B),
+                 0.0f, e + full * B * wd + c0, int(wd));
+  }
 }
 
 }  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

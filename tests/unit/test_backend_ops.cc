@@ -236,6 +236,32 @@ TEST(CudaEmulated, GramClipSearchStreamsInPanels) {
   EXPECT_GT(big->device_memory().peak, uint64_t(3u << 20));
 }
 
+// The clip search's float products are part of its definition: the device issues the CPU backend's
+// (tiles of kGramClipColumns columns, the partial last block as its own product), so the two make the
+// same choices even on near-ties. Ratios 1e-4 apart make near-ties common: OpenBLAS sums a product in an
+// order that depends on its shape, and with one product per block over the whole panel (the device's
+// earlier form) this weight's codes differed. Both layouts, fp32 (no rounding to a narrow type hides
+// the last bits), a partial last block, panels of 256 and 512 columns and one panel of all 700.
+TEST(CudaEmulated, GramClipSearchIssuesTheCpuBackendsProducts) {
+  if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";
+  auto cpu = make_cpu_backend();
+  GramClipOptions opt{{}, true};
+  for (int i = 0; i < 12; ++i) opt.ratios.push_back(1.0f - 1e-6f * float(i));
+  for (int k_axis : {0, 1}) {
+    const check::Case c{DType::kFloat32, k_axis, 1100, 700, 128, 4, false};
+    const check::Weight w = check::make_weight(c, 17 + k_axis);
+    const auto gram = check::gram(400, c.K, 43);
+    QuantResult want;
+    cpu->clip_quantize_gram(w.m, c.spec(), gram.data(), 0, nullptr, opt, want);
+    for (uint64_t budget : {uint64_t(8) << 20, uint64_t(11) << 20, uint64_t(1) << 30}) {
+      QuantResult got;
+      emulated(budget)->clip_quantize_gram(w.m, c.spec(), gram.data(), 0, nullptr, opt, got);
+      EXPECT_EQ(want.codes, got.codes) << "k_axis " << k_axis << ", budget " << budget;
+      EXPECT_EQ(want.scales, got.scales) << "k_axis " << k_axis << ", budget " << budget;
+    }
+  }
+}
+
 // A weight larger than the device budget quantizes in column panels: the same bits as the reference,
 // and the device never held more than its budget.
 TEST(CudaEmulated, WeightsLargerThanTheBudgetStreamInPanels) {

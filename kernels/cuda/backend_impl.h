@@ -57,6 +57,15 @@ struct DeviceArray final : Resident {
   uint8_t* ptr() const { return piece ? piece->p : data.get(); }
 };
 
+// A quantization result kept on the device for the MatMulNBits packings (QuantSpec::keep_on_backend):
+// the whole weight's codes (one a byte), float32 scales and integer zero points, laid out as QuantResult's.
+struct DeviceResult final : Resident {
+  const void* owner = nullptr;
+  DeviceBuffer<uint8_t> codes, zero_points;
+  DeviceBuffer<float> scales;
+  int scale_dtype = 0;  // the type the scales are rounded to: 16-bit ones come back in it
+};
+
 // A quantization result of one panel on the device.
 struct DeviceQuant {
   DeviceBuffer<uint8_t> codes, zero_points;
@@ -164,7 +173,15 @@ class CudaBackend final : public Backend {
     QuantResult& out;
     std::vector<uint16_t> scales16;
     DeviceBuffer<double> err_n;  // per column [N], on the device: only their sum comes back
+    DeviceResult* kept = nullptr;  // the result stays on the device (QuantSpec::keep_on_backend)
   };
+  // The whole result's arrays on the device when the spec asks to keep it and they fit (else null).
+  std::shared_ptr<DeviceResult> kept_result(const WeightMatrix& w, const QuantSpec& spec);
+  // A panel's codes, scales and zero points into the kept result's arrays (on the device, not in the ledger).
+  void store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
+                   DeviceResult& r);
+  // The result this backend kept, or null.
+  const DeviceResult* kept_result(const QuantResult& q) const;
   // Copies a panel's codes (packed: into out.packed, else into out.codes), scales and zero points, and
   // its per-column errors, into `h`.
   void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q, bool packed,

@@ -7,7 +7,7 @@ would move the bytes): what each algorithm sends over the bus, against the model
   [ceil(K/B), B, B] float32; K of each activation from the weights that read it;
 - the packed output: the quantized tensors written (bytes_quantized_out), which the output data file holds.
 
-Up:   rtn_dq, hqq: W · 1.1;  awq_lite, awq_clip, gptq, awq_gptq: (W + statistics) · 1.1.
+Up:   rtn_dq, hqq: W · 1.1 (MatMulNBits too: the packings read the codes where the quantizer left them);  awq_lite, awq_clip, gptq, awq_gptq: (W + statistics) · 1.1.
 Down: the packed output · 1.1, + 1% for the choices the host sees (alphas' losses, weight statistics).
 Pooled: a model twice as deep makes no more allocations (layer by layer, and the whole-model AWQ runs, which
 hold each weight from its search to its quantizer in one room reserved for all of them). On the host: O(K) vector ops only (awq_scale).
@@ -208,20 +208,29 @@ def test_gptq_moves_each_weight_and_each_gram_once(nibble, ledger_model, deep_mo
     check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", algo, "--layer_by_layer", "off", held=algo == "awq_gptq")
 
 
-@pytest.mark.parametrize("fmt", ["dq", "matmulnbits"])
-def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, fmt):
-    """dq: each weight once. MatMulNBits: its packing takes the codes from the host, so they go up once
-    more, packed two a byte as the quantizer brought them back (0.25x an fp16 weight's bytes), and its
-    layout comes back beside the packed codes."""
+@pytest.mark.parametrize("algo,fmt", [("hqq", "dq"), ("hqq", "matmulnbits"), ("rtn_dq", "matmulnbits")])
+def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, algo, fmt):
+    """Each weight once, and its packed output back. MatMulNBits: the quantizer leaves the codes, scales and
+    integer zero points on the device, where the packings read them: nothing goes up for them, and only
+    B, the scales (in their fp16 type) and the zero points come back."""
     _, src, _ = ledger_model
-    flags = ("--algo", "hqq", "--format", fmt)
+    flags = ("--algo", algo, "--format", fmt)
     r, d, out = _run(nibble, src, str(tmp_path), None, *flags)
     w = r["summary"]["bytes_in"]
-    assert w <= d["h2d_bytes"] <= (1.1 if fmt == "dq" else 1.35) * w
+    assert w <= d["h2d_bytes"] <= 1.1 * w
     if fmt == "matmulnbits":
-        assert d["ops"]["pack_matmulnbits_weight"]["h2d_bytes"] <= 0.275 * w  # codes 0.25x, and the zero points
-    if fmt == "dq":
-        check_down(r, d, out)
+        ops = d["ops"]
+        for op in ("pack_matmulnbits_weight", "matmulnbits_scales"):
+            assert ops[op]["calls"] == len(r["weights"]) and ops[op]["h2d_bytes"] == 0, (op, ops[op])
+        # B [N, G, blob] comes back and nothing else: 4-bit codes, half a byte each.
+        assert ops["pack_matmulnbits_weight"]["d2h_bytes"] == sum(x["shape"][0] * x["shape"][1] // 2
+                                                                  for x in r["weights"])
+        # The quantizer brings back its error sum (8 bytes) and HQQ its fractional zero points (fp16, as the
+        # output stores them): codes, scales and integer zero points stay on the device.
+        fzp = sum(-(-x["shape"][x["k_axis"]] // 32) * x["shape"][1 - x["k_axis"]] * 2 for x in r["weights"])
+        quant = ops["hqq" if algo == "hqq" else "rtn_lsq"]
+        assert quant["d2h_bytes"] == 8 * quant["calls"] + (fzp if algo == "hqq" else 0)
+    check_down(r, d, out)
     check_on_host(d)
     check_pooled(nibble, deep_model, None, tmp_path, r, *flags)
 

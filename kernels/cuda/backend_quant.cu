@@ -130,7 +130,7 @@ std::shared_ptr<DeviceResult> CudaBackend::kept_result(const WeightMatrix& w, co
   const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
   const uint64_t bytes = uint64_t(n) + uint64_t(GN) * (4 + (spec.zero_point ? 1 : 0));
   // Half the budget at most with what is held (as keep()): the panels that compute it need the rest.
-  if (dev_->in_use_live() + bytes + 64 * 1024 > dev_->budget() / 2) return {};  // comes back as ever
+  if (dev_->in_use_live() + bytes + 16 * 1024 > dev_->budget() / 2) return {};  // comes back as ever
   auto r = std::make_shared<DeviceResult>();
   r->owner = this;
   r->codes = DeviceBuffer<uint8_t>(*dev_, size_t(n));

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import pytest
 
-from .conftest import data_file
+from .conftest import data_file, folder_digest
 
 HOST_OK = {"awq_scale"}  # K values per candidate scale: libm's powf, O(K) on the host
 
@@ -233,6 +233,27 @@ def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, 
     check_down(r, d, out)
     check_on_host(d)
     check_pooled(nibble, deep_model, None, tmp_path, r, *flags)
+
+
+@pytest.mark.parametrize("flags", [("--algo", "awq_lite", "--layer_by_layer", "off"), ("--algo", "awq_clip"),
+                                   ("--algo", "awq_lite", "--use_zero_point")],
+                         ids=["awq_lite_whole_model", "awq_clip", "awq_lite_zp"])
+def test_awq_matmulnbits_packs_where_the_quantizer_left_the_codes(nibble, ledger_model, tmp_path, flags):
+    """AWQ into MatMulNBits: the quantizer of W ⊙ s leaves its codes on the device for the packing, the
+    output is the CPU's byte for byte, and only the packed output comes back."""
+    _, src, npz = ledger_model
+    flags = (*flags, "--format", "matmulnbits")
+    r, d, out = _run(nibble, src, str(tmp_path / "emu"), npz, *flags)
+    cpu = str(tmp_path / "cpu" / "model.onnx")
+    nibble.quantize(src, cpu, *flags, "--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu",
+                    "--block_size", "32", "--device", "cpu", "--force")
+    emulated = {f: h for f, h in folder_digest(os.path.dirname(out)).items() if f != "r.json"}
+    assert folder_digest(os.path.dirname(cpu)) == emulated
+    ops = d["ops"]
+    for op in ("pack_matmulnbits_weight", "matmulnbits_scales"):
+        assert ops[op]["calls"] == len(r["weights"]) and ops[op]["h2d_bytes"] == 0, (op, ops[op])
+    check_down(r, d, out)
+    check_on_host(d)
 
 
 def test_mixed_by_sensitivity_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path):

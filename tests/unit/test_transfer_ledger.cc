@@ -3,6 +3,7 @@
 // so that a weight crosses the bus once. Results are compared with the CPU backend's, bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -392,4 +393,24 @@ TEST(TransferLedger, KeptResultIsPackedWhereTheQuantizerLeftIt) {
   nk.rows = N, nk.cols = K, nk.k_axis = 1;
   expect_kept_result_packs_as_the_cpu(nk, false, uint64_t(64) << 20);
   expect_kept_result_packs_as_the_cpu(nk, true, 96 << 10);
+}
+
+// A result kept on the device brings no scales back for the host to check: a weight holding NaN or Inf still
+// shows in its error sum, which the pipeline turns into its "holds NaN or Inf values" error.
+TEST(TransferLedger, KeptResultOfANonFiniteWeightHasANonFiniteError) {
+  Fp16Weight w;
+  w.bits[5 * N + 3] = 0x7c00;  // +Inf
+  w.bits[9 * N + 40] = 0x7e00;  // NaN
+  auto gpu = emulated();
+  for (bool zp : {false, true}) {
+    QuantSpec spec{4, kBlock, zp};
+    spec.keep_on_backend = true;
+    QuantResult q;
+    if (zp)
+      gpu->hqq(w.m, spec, HqqOptions{}, q);
+    else
+      gpu->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, q);
+    ASSERT_TRUE(q.resident);
+    EXPECT_FALSE(std::isfinite(q.sq_error)) << "zp " << zp;
+  }
 }

@@ -176,7 +176,7 @@ class CudaBackend final : public Backend {
     DeviceResult* kept = nullptr;  // the result stays on the device (QuantSpec::keep_on_backend)
   };
   // The whole result's arrays on the device when the spec asks to keep it and they fit (else null).
-  std::shared_ptr<DeviceResult> kept_result(const WeightMatrix& w, const QuantSpec& spec);
+  std::shared_ptr<DeviceResult> result_buffers(const WeightMatrix& w, const QuantSpec& spec);
   // A panel's codes, scales and zero points into the kept result's arrays (on the device, not in the ledger).
   void store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
                    DeviceResult& r);

@@ -125,7 +125,7 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
   }
 }
 
-std::shared_ptr<DeviceResult> CudaBackend::kept_result(const WeightMatrix& w, const QuantSpec& spec) {
+std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w, const QuantSpec& spec) {
   if (!spec.keep_on_backend) return {};
   const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
   const uint64_t bytes = uint64_t(n) + uint64_t(GN) * (4 + (spec.zero_point ? 1 : 0));
@@ -182,7 +182,7 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
   // Kept on the device for the packings (allocated first: the panels fit beside it), else brought back.
-  std::shared_ptr<DeviceResult> kept = kept_result(w, spec);
+  std::shared_ptr<DeviceResult> kept = result_buffers(w, spec);
   out.codes.assign(kept ? 0 : size_t(w.rows * w.cols), 0);
   out.scales.assign(kept ? 0 : size_t(G * N), 0.0f);
   out.zero_points.assign(spec.zero_point && !kept ? size_t(G * N) : 0, 0);

@@ -54,6 +54,8 @@ WeightMatrix Backend::scale_weight_kept(const WeightMatrix& w, const float* s, s
 
 std::vector<uint8_t> Backend::pack_onnx_codes(const QuantResult& q, int bits) {
   if (bits == 4 && !q.packed.empty()) return q.packed;
+  if (q.codes.empty() && q.resident)
+    throw std::invalid_argument("pack_onnx_codes: the codes stayed on the device (QuantSpec::keep_on_backend)");
   return pack_onnx(q.codes, bits);
 }
 

@@ -153,6 +153,19 @@ class Backend {
   // next weight while this one computes (w.data must stay valid while the returned handle lives). The
   // CPU returns w as it is.
   virtual WeightMatrix keep(const WeightMatrix& w) { return w; }
+  // Room for weights held together (a whole-model search keeps each for the quantizer that follows): one
+  // allocation for arrays of these sizes, into which keep_in() puts them, so that holding more weights
+  // makes no more allocations. Null where nothing is kept (the CPU) or the room does not fit.
+  virtual std::shared_ptr<Resident> reserve_kept(const std::vector<uint64_t>& bytes) {
+    (void)bytes;
+    return {};
+  }
+  // keep() into `room` (reserve_kept's): w as it was (no resident) when the room has no space left for it;
+  // the space comes back to the room when the returned handle's last copy goes.
+  virtual WeightMatrix keep_in(const WeightMatrix& w, const std::shared_ptr<Resident>& room) {
+    (void)room;
+    return keep(w);
+  }
   // scale_weight_f32 left on the backend: a device backend returns a float32 matrix that only it holds
   // (data null); the CPU computes it into `host` and returns a matrix on it.
   virtual WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);

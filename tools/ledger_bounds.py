@@ -8,7 +8,8 @@
   [ceil(K/B), B, B] float32. K of each activation from the weights that read it;
 - the packed output: the quantized tensors written (bytes_quantized_out).
 
-Up:   rtn_dq, rtn, hqq: W · 1.1;  the calibrated algorithms: (W + statistics) · 1.1.
+Up:   rtn_dq, rtn, hqq: W · 1.1 (MatMulNBits too: the packings read the codes where the quantizer left
+      them);  the calibrated algorithms: (W + statistics) · 1.1.
 Down: the packed output · 1.1, + 1% for the choices the host sees (alphas' losses, weight statistics).
 On the host: O(K) vector operations only (awq_scale).
 

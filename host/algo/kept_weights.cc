@@ -7,7 +7,24 @@ kernels::WeightMatrix view_of(const PlannedWeight& pw, const void* data) {
   return kernels::WeightMatrix{pw.dtype, data, pw.rows, pw.cols, pw.k_axis, {}};
 }
 
+uint64_t bytes_of(const PlannedWeight& pw) { return uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype); }
+
 }  // namespace
+
+void KeptWeights::reserve(kernels::Backend& backend, const Plan& plan) {
+  const uint64_t quarter = backend.device_memory().budget / 4;
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const auto& [act, idx] : plan.siblings)
+    for (size_t i : idx) {
+      const uint64_t b = bytes_of(plan.weights[i]);
+      if (total + b > quarter) continue;  // as get() would not hold it
+      sizes.push_back(b);
+      total += b;
+    }
+  room_.reset();  // a room reserved before goes first
+  room_ = backend.reserve_kept(sizes);
+}
 
 kernels::WeightMatrix KeptWeights::get(kernels::Backend& backend, const PlannedWeight& pw, const void* data) {
   kernels::WeightMatrix w = view_of(pw, data);
@@ -16,8 +33,17 @@ kernels::WeightMatrix KeptWeights::get(kernels::Backend& backend, const PlannedW
     w.resident = it->second.copy;
     return w;
   }
+  const uint64_t bytes = bytes_of(pw);
+  if (room_) {  // held where it fits the room, else kept for the caller alone
+    kernels::WeightMatrix in = backend.keep_in(w, room_);
+    if (in.resident) {
+      kept_[pw.weight] = Held{in.resident, bytes};
+      held_bytes_ += bytes;
+      return in;
+    }
+    return backend.keep(w);
+  }
   w = backend.keep(w);
-  const uint64_t bytes = uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   // A backend that did not keep it is asked again next time.
   if (w.resident && held_bytes_ + bytes <= backend.device_memory().budget / 4) {
     kept_[pw.weight] = Held{w.resident, bytes};
@@ -33,6 +59,7 @@ kernels::WeightMatrix KeptWeights::take(const PlannedWeight& pw, const void* dat
   w.resident = std::move(it->second.copy);
   held_bytes_ -= it->second.bytes;
   kept_.erase(it);
+  if (kept_.empty()) room_.reset();  // freed with the last piece: the quantizers' panels get its memory
   return w;
 }
 

@@ -4,7 +4,9 @@
 // which the device memory is freed as its last handle goes. On the CPU, keep() hands back the host
 // view and nothing is held. What is held for the quantizer stays within a quarter of the device budget,
 // so that the weights searched later can still be kept for their own search (beyond it, a weight is kept
-// for its caller alone and goes up again for the quantizer).
+// for its caller alone and goes up again for the quantizer). Held weights share one device allocation (a room
+// reserved for them when the search starts, Backend::reserve_kept), so that holding more of them allocates no
+// more.
 #pragma once
 #include <map>
 #include <memory>
@@ -17,6 +19,9 @@ namespace nibble {
 
 class KeptWeights {
  public:
+  // Reserves the room for the weights a search will hold, given in the order it keeps them (the sibling
+  // groups'): their sizes while they fit the quarter of the budget. Nothing where the backend keeps nothing.
+  void reserve(kernels::Backend& backend, const Plan& plan);
   // The weight of `pw` (host bytes at `data`) as the backend holds it; kept on the first call, and held
   // here when it fits.
   kernels::WeightMatrix get(kernels::Backend& backend, const PlannedWeight& pw, const void* data);
@@ -33,6 +38,7 @@ class KeptWeights {
   };
   std::map<std::string, Held> kept_;
   uint64_t held_bytes_ = 0;
+  std::shared_ptr<kernels::Resident> room_;  // where held weights go (null: each its own allocation)
 };
 
 // `kept`'s copy of the weight when a holder is given, else one kept for the caller alone.

@@ -105,6 +105,13 @@ Format GraphRewriter::format_for(const PlannedWeight& pw) const {
   return format_;
 }
 
+bool GraphRewriter::packs_on_backend(const PlannedWeight& pw, const kernels::QuantSpec& spec) const {
+  // Not: a Gather's table, a weight whose zero points a tied table reads, a per-channel scale repeated
+  // over the layout's blocks (emit_matmulnbits's host copies).
+  return format_for(pw) == Format::kMatMulNBits && pw.op_type != "Gather" && !keep_zero_points_.count(pw.weight) &&
+         !(pw.block < 0 && matmulnbits_layout_block(pw, spec) < pw.K());
+}
+
 Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                            const kernels::QuantResult& q, uint64_t* bytes_out,
                            const std::vector<uint8_t>* qdq_float) {

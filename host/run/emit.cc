@@ -14,7 +14,8 @@
 namespace nibble {
 namespace {
 
-// A kernel producing NaN/Inf scales means the weight itself holds NaN/Inf: say where.
+// A kernel producing NaN/Inf scales means the weight itself holds NaN/Inf: say where. (A result a device
+// kept for the packings has no host scales; a non-finite scale makes its error sum non-finite too.)
 void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
   if (!std::isfinite(q.sq_error))
     throw Error("weight '" + pw.weight + "' holds NaN or Inf values: it cannot be quantized");
@@ -265,6 +266,9 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     Prepared p = prepare(o, pw, searched.kept.take(pw, v.data), sp, cd == column_divisors.end() ? nullptr : &cd->second,
                          e.zero_point, backend);
     if (kept.resident) p.w = kept;  // kept ahead (read_as_stored): the backend reads its own copy
+    // MatMulNBits: a device keeps the codes for the packing, which reads them there (only its output comes
+    // back); not when the host needs them (the quantized layers fed forward, a replay's placeholder).
+    p.spec.keep_on_backend = !searched.on_quantized && !searched.replay && rewriter.packs_on_backend(pw, p.spec);
     const bool float_zero_point = writes_float_zero_point(o, pw, rewriter);
     const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zero_point, backend);
     if (searched.on_quantized && !searched.replay)

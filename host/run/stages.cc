@@ -108,6 +108,8 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
   // INT8 set already chosen (layer by layer): the 4-bit search runs on the plan as it was before the
   // pick, then the INT8 weights' inputs are searched again, as the whole-model pass does after its pick.
   const bool picked = mixed_needs_calibration(o) && planned.mixed.picked;
+  // The weights the searches keep on a device for the quantizer share one room there.
+  if (awq || mixed_needs_calibration(o)) s.kept.reserve(backend, plan);
   if (awq) search_scales(o, model, picked ? at_four_bits(plan, o.block_size) : plan, backend, s);
   if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(ts));
   if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices, &s.kept);

@@ -31,11 +31,39 @@ struct Panel {
 
 // An array the backend keeps on the device for the host (Backend::keep, the *_kept operations): a
 // whole weight in its stored layout, or a K x K factor.
+// A piece of a room (Backend::reserve_kept), given back to it when this goes.
+struct RoomPiece {
+  std::shared_ptr<DeviceArena> room;
+  uint8_t* p = nullptr;
+  size_t bytes = 0;
+  RoomPiece(std::shared_ptr<DeviceArena> r, uint8_t* q, size_t n) : room(std::move(r)), p(q), bytes(n) {}
+  ~RoomPiece() { room->give(p, bytes); }
+  RoomPiece(const RoomPiece&) = delete;
+  RoomPiece& operator=(const RoomPiece&) = delete;
+};
+
+// A room itself, as the host holds it.
+struct DeviceRoom final : Resident {
+  const void* owner = nullptr;
+  std::shared_ptr<DeviceArena> arena;
+};
+
 struct DeviceArray final : Resident {
   const void* owner = nullptr;  // the backend that made it: another backend's handle is not read
   DeviceBuffer<uint8_t> data;
+  std::unique_ptr<RoomPiece> piece;  // instead of `data`: a piece of a room
   // Its upload when keep() enqueued one (declared after `data`: awaited before the memory is released).
   mutable Prefetch upload;
+  uint8_t* ptr() const { return piece ? piece->p : data.get(); }
+};
+
+// A quantization result kept on the device for the MatMulNBits packings (QuantSpec::keep_on_backend):
+// the whole weight's codes (one a byte), float32 scales and integer zero points, laid out as QuantResult's.
+struct DeviceResult final : Resident {
+  const void* owner = nullptr;
+  DeviceBuffer<uint8_t> codes, zero_points;
+  DeviceBuffer<float> scales;
+  int scale_dtype = 0;  // the type the scales are rounded to: 16-bit ones come back in it
 };
 
 // A quantization result of one panel on the device.
@@ -69,6 +97,8 @@ class CudaBackend final : public Backend {
   const TransferLedger* transfer_ledger() const override { return &dev_->ledger(); }
 
   WeightMatrix keep(const WeightMatrix& w) override;
+  std::shared_ptr<Resident> reserve_kept(const std::vector<uint64_t>& bytes) override;
+  WeightMatrix keep_in(const WeightMatrix& w, const std::shared_ptr<Resident>& room) override;
   WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
   WeightMatrix scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
   GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
@@ -143,7 +173,15 @@ class CudaBackend final : public Backend {
     QuantResult& out;
     std::vector<uint16_t> scales16;
     DeviceBuffer<double> err_n;  // per column [N], on the device: only their sum comes back
+    DeviceResult* kept = nullptr;  // the result stays on the device (QuantSpec::keep_on_backend)
   };
+  // The whole result's arrays on the device when the spec asks to keep it and they fit (else null).
+  std::shared_ptr<DeviceResult> result_buffers(const WeightMatrix& w, const QuantSpec& spec);
+  // A panel's codes, scales and zero points into the kept result's arrays (on the device, not in the ledger).
+  void store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
+                   DeviceResult& r);
+  // The result this backend kept, or null.
+  const DeviceResult* kept_result(const QuantResult& q) const;
   // Copies a panel's codes (packed: into out.packed, else into out.codes), scales and zero points, and
   // its per-column errors, into `h`.
   void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q, bool packed,

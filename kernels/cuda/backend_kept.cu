@@ -27,7 +27,7 @@ const uint8_t* CudaBackend::kept(const std::shared_ptr<const Resident>& r) const
   const DeviceArray* a = mine(r);
   if (!a) return nullptr;
   a->upload.await();  // a weight kept ahead: the compute stream waits for its upload
-  return a->data.get();
+  return a->ptr();
 }
 
 const uint8_t* CudaBackend::weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp) {
@@ -60,6 +60,34 @@ WeightMatrix CudaBackend::keep(const WeightMatrix& w) {
   a->data = DeviceBuffer<uint8_t>(*dev_, size_t(bytes));
   // Enqueued on the prefetch stream; the first operation that reads it waits (kept()).
   a->upload = dev_->prefetch(a->data.get(), w.data, size_t(bytes));
+  WeightMatrix out = w;
+  out.resident = std::move(a);
+  return out;
+}
+
+std::shared_ptr<Resident> CudaBackend::reserve_kept(const std::vector<uint64_t>& bytes) {
+  const OpScope op(*dev_, "reserve_kept");
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += DeviceLayer::counted(size_t(b));
+  if (total == 0 || dev_->in_use_live() + total + kSlack > dev_->budget()) return {};
+  auto r = std::make_shared<DeviceRoom>();
+  r->owner = this;
+  r->arena = std::make_shared<DeviceArena>(*dev_, size_t(total));
+  return r;
+}
+
+WeightMatrix CudaBackend::keep_in(const WeightMatrix& w, const std::shared_ptr<Resident>& room) {
+  auto* r = dynamic_cast<DeviceRoom*>(room.get());
+  if (!r || r->owner != this) return keep(w);
+  const OpScope op(*dev_, "keep");
+  if (mine(w.resident) || !w.data) return w;
+  const size_t bytes = size_t(w.rows * w.cols) * dtype_size(w.dtype);
+  auto* p = static_cast<uint8_t*>(r->arena->take(bytes));
+  if (!p) return w;  // the room is full: the caller decides
+  auto a = std::make_shared<DeviceArray>();
+  a->owner = this;
+  a->piece = std::make_unique<RoomPiece>(r->arena, p, bytes);
+  a->upload = dev_->prefetch(p, w.data, bytes);  // as keep(): the first operation that reads it waits
   WeightMatrix out = w;
   out.resident = std::move(a);
   return out;

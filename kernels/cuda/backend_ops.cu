@@ -124,35 +124,50 @@ std::vector<uint8_t> CudaBackend::pack_matmulnbits_weight(const WeightMatrix& sh
   if (layout_block != spec.block && G != 1)
     throw std::invalid_argument("pack_matmulnbits_weight: padded layout needs a single block");
   const int64_t blob = layout_block * spec.bits / 8;
-  // The 4-bit codes go up packed when the quantizer brought them back so (half the bytes).
-  const bool packed = spec.bits == 4 && !q.packed.empty() && q.packed.size() == (q.codes.size() + 1) / 2;
-  const DeviceBuffer<uint8_t> codes = packed ? upload(q.packed.data(), q.packed.size())
-                                             : upload(q.codes.data(), q.codes.size());
-  const DeviceBuffer<uint8_t> zp =
-      spec.zero_point ? upload(q.zero_points.data(), q.zero_points.size()) : DeviceBuffer<uint8_t>();
+  const DeviceResult* r = kept_result(q);  // the quantizer left codes and zero points here: nothing goes up
+  // Else the 4-bit codes go up packed when the quantizer brought them back so (half the bytes).
+  const bool packed = !r && spec.bits == 4 && !q.packed.empty() && q.packed.size() == (q.codes.size() + 1) / 2;
+  DeviceBuffer<uint8_t> codes, zp;
+  if (!r) codes = packed ? upload(q.packed.data(), q.packed.size()) : upload(q.codes.data(), q.codes.size());
+  if (!r && spec.zero_point) zp = upload(q.zero_points.data(), q.zero_points.size());
+  const uint8_t* codes_d = r ? r->codes.get() : codes.get();
+  const uint8_t* zp_d = !spec.zero_point ? nullptr : r ? r->zero_points.get() : zp.get();
   DeviceBuffer<uint8_t> out(*dev_, size_t(N * G * blob));
   const ParamLayout l{K, N, G, shape.k_axis};
-  launch(*dev_, N * G * blob, PackNBitsBody{l, codes.get(), spec.zero_point ? zp.get() : nullptr, packed, spec.bits,
-                                            spec.block, layout_block, blob, out.get()});
+  launch(*dev_, N * G * blob,
+         PackNBitsBody{l, codes_d, zp_d, packed, spec.bits, spec.block, layout_block, blob, out.get()});
   return download(out);
 }
 
 std::vector<float> CudaBackend::matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) {
   const OpScope op(*dev_, "matmulnbits_scales");
   const int64_t N = shape.N(), G = q.groups;
-  const DeviceBuffer<float> in = upload(q.scales.data(), q.scales.size());
+  const DeviceResult* r = kept_result(q);
+  const DeviceBuffer<float> in = r ? DeviceBuffer<float>() : upload(q.scales.data(), q.scales.size());
   DeviceBuffer<float> out(*dev_, size_t(N * G));
-  launch(*dev_, N * G, NBitsScalesBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), out.get()});
-  return download(out);
+  launch(*dev_, N * G, NBitsScalesBody{ParamLayout{shape.K(), N, G, shape.k_axis}, r ? r->scales.get() : in.get(),
+                                       out.get()});
+  const int st = r ? r->scale_dtype : 0;
+  if (st != hd::kF16 && st != hd::kBF16) return download(out);
+  // Kept scales of a 16-bit type come back in it (exact: the quantizer rounded them to it), as the
+  // quantizer would have brought them.
+  DeviceBuffer<uint16_t> narrow(*dev_, size_t(N * G));
+  launch(*dev_, N * G, NarrowScalesBody{out.get(), st, narrow.get()});
+  const std::vector<uint16_t> h = download(narrow);
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = st == hd::kF16 ? hd::half_to_float(h[i]) : hd::bf16_to_float(h[i]);
+  return v;
 }
 
 std::vector<uint8_t> CudaBackend::pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
                                                                const QuantResult& q) {
   const OpScope op(*dev_, "pack_matmulnbits_zero_points");
   const int64_t N = shape.N(), G = q.groups, row = spec.bits == 8 ? G : (G + 1) / 2;
-  const DeviceBuffer<uint8_t> in = upload(q.zero_points.data(), q.zero_points.size());
+  const DeviceResult* r = kept_result(q);
+  const DeviceBuffer<uint8_t> in = r ? DeviceBuffer<uint8_t>() : upload(q.zero_points.data(), q.zero_points.size());
   DeviceBuffer<uint8_t> out(*dev_, size_t(N * row));
-  launch(*dev_, N * row, NBitsZeroPointsBody{ParamLayout{shape.K(), N, G, shape.k_axis}, in.get(), spec.bits, row, out.get()});
+  launch(*dev_, N * row, NBitsZeroPointsBody{ParamLayout{shape.K(), N, G, shape.k_axis},
+                                             r ? r->zero_points.get() : in.get(), spec.bits, row, out.get()});
   return download(out);
 }
 

@@ -86,6 +86,10 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
   // Each column's error summed over its blocks on the device (g in order); none when the operation sums
   // its errors itself (gptq).
   if (q.error.size()) launch(*dev_, wd, ColumnSumBody{q.error.get(), G, wd, h.err_n.get() + n0});
+  if (h.kept) {
+    store_quant(w, p, spec, q, *h.kept);
+    return;
+  }
   if (packed) {
     const int64_t n = K * wd;
     q.packed = DeviceBuffer<uint8_t>(*dev_, size_t((n + 1) / 2));
@@ -121,6 +125,43 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
   }
 }
 
+std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w, const QuantSpec& spec) {
+  if (!spec.keep_on_backend) return {};
+  const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
+  const uint64_t bytes = uint64_t(n) + uint64_t(GN) * (4 + (spec.zero_point ? 1 : 0));
+  // Half the budget at most with what is held (as keep()): the panels that compute it need the rest.
+  if (dev_->in_use_live() + bytes + 16 * 1024 > dev_->budget() / 2) return {};  // comes back as ever
+  auto r = std::make_shared<DeviceResult>();
+  r->owner = this;
+  r->codes = DeviceBuffer<uint8_t>(*dev_, size_t(n));
+  r->scales = DeviceBuffer<float>(*dev_, size_t(GN));
+  if (spec.zero_point) r->zero_points = DeviceBuffer<uint8_t>(*dev_, size_t(GN));
+  r->scale_dtype = int(scale_type(spec, w.dtype));
+  return r;
+}
+
+const DeviceResult* CudaBackend::kept_result(const QuantResult& q) const {
+  const auto* r = dynamic_cast<const DeviceResult*>(q.resident.get());
+  return r && r->owner == this ? r : nullptr;
+}
+
+void CudaBackend::store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
+                              DeviceResult& r) {
+  const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block), n0 = p.n0, wd = p.width;
+  if (w.k_axis == 0) {  // codes [K, N], params [G, N]: the panel's columns of every row
+    dev_->on_device_2d(r.codes.get() + n0, size_t(N), q.codes.get(), size_t(wd), size_t(wd), size_t(K));
+    dev_->on_device_2d(r.scales.get() + n0, size_t(N) * 4, q.scales.get(), size_t(wd) * 4, size_t(wd) * 4, size_t(G));
+    if (spec.zero_point)
+      dev_->on_device_2d(r.zero_points.get() + n0, size_t(N), q.zero_points.get(), size_t(wd), size_t(wd), size_t(G));
+  } else {  // codes [N, K], params [N, G]: the panel's rows
+    dev_->on_device_2d(r.codes.get() + n0 * K, q.codes.bytes(), q.codes.get(), q.codes.bytes(), q.codes.bytes(), 1);
+    dev_->on_device_2d(r.scales.get() + n0 * G, q.scales.bytes(), q.scales.get(), q.scales.bytes(), q.scales.bytes(), 1);
+    if (spec.zero_point)
+      dev_->on_device_2d(r.zero_points.get() + n0 * G, q.zero_points.bytes(), q.zero_points.get(),
+                         q.zero_points.bytes(), q.zero_points.bytes(), 1);
+  }
+}
+
 // The host's copy of 4-bit codes from their packed form: low nibble first, symmetric codes sign-extended
 // (a code byte is int8 then), as pack_onnx read them.
 void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vector<uint8_t>& codes) {
@@ -140,20 +181,23 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   check(spec);
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
-  out.codes.assign(size_t(w.rows * w.cols), 0);
-  out.scales.assign(size_t(G * N), 0.0f);
-  out.zero_points.assign(spec.zero_point ? size_t(G * N) : 0, 0);
+  // Kept on the device for the packings (allocated first: the panels fit beside it), else brought back.
+  std::shared_ptr<DeviceResult> kept = result_buffers(w, spec);
+  out.codes.assign(kept ? 0 : size_t(w.rows * w.cols), 0);
+  out.scales.assign(kept ? 0 : size_t(G * N), 0.0f);
+  out.zero_points.assign(spec.zero_point && !kept ? size_t(G * N) : 0, 0);
   // Scales of a 16-bit type come back in it (exact: they are rounded to it already).
   const int st = int(scale_type(spec, w.dtype));
-  HostQuant h{out, std::vector<uint16_t>(st == hd::kF16 || st == hd::kBF16 ? size_t(G * N) : 0),
-              DeviceBuffer<double>(*dev_, size_t(N))};
+  HostQuant h{out, std::vector<uint16_t>(!kept && (st == hd::kF16 || st == hd::kBF16) ? size_t(G * N) : 0),
+              DeviceBuffer<double>(*dev_, size_t(N)), kept.get()};
   const uint64_t per_col =
       uint64_t(K) * (dtype_size(w.dtype) + 1) + uint64_t(K + 1) / 2 + uint64_t(G) * (4 + 2 + 1 + 8) + 8 + scratch_per_column;
   int64_t width = panel_width(fixed, per_col, N, "quantize");
   // Panels start on whole bytes of packed codes (a quantum of 2), or on an operation's column tiles.
   if (width < N && width > column_quantum) width -= width % column_quantum;
   // 4-bit codes come back packed (half the bytes) when every panel is whole bytes of the packed weight.
-  const bool packed = spec.bits == 4 && (w.k_axis == 0 ? N % 2 == 0 : true) && (width % 2 == 0 || width == N);
+  const bool packed =
+      !kept && spec.bits == 4 && (w.k_axis == 0 ? N % 2 == 0 : true) && (width % 2 == 0 || width == N);
   out.packed.assign(packed ? size_t((w.rows * w.cols + 1) / 2) : 0, 0);
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     Panel p = upload_panel(w, n0, std::min(width, N - n0));
@@ -168,6 +212,7 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   DeviceBuffer<double> total(*dev_, 1);
   launch(*dev_, 1, RowSumBody{h.err_n.get(), N, total.get()});
   out.sq_error = download(total)[0];
+  out.resident = std::move(kept);
 }
 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -119,6 +120,57 @@ void DeviceLayer::drain_pool() {
   }
   pool_.clear();
   pooled_ = 0;
+}
+
+DeviceArena::DeviceArena(DeviceLayer& dev, size_t bytes) : dev_(dev), block_(dev, DeviceLayer::counted(bytes)) {
+  if (block_.bytes()) free_[0] = Range{block_.bytes(), {}};
+}
+
+DeviceArena::~DeviceArena() {
+  // The block goes back to the pool with an event of its own: these are no longer needed.
+  for (const auto& [off, r] : free_)
+    for (uint64_t f : r.fences) dev_.drop_fence(f);
+}
+
+size_t DeviceArena::free_bytes() const {
+  size_t n = 0;
+  for (const auto& [off, r] : free_) n += r.bytes;
+  return n;
+}
+
+void* DeviceArena::take(size_t bytes) {
+  const size_t c = DeviceLayer::counted(std::max<size_t>(bytes, 1));
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second.bytes < c) continue;
+    const size_t off = it->first;
+    Range r = std::move(it->second);
+    free_.erase(it);
+    for (uint64_t f : r.fences) dev_.wait_fence(f);  // the compute stream has passed those releases
+    if (r.bytes > c) free_[off + c] = Range{r.bytes - c, {}};
+    return block_.get() + off;
+  }
+  return nullptr;
+}
+
+void DeviceArena::give(void* p, size_t bytes) {
+  if (!p) return;
+  const size_t off = size_t(static_cast<uint8_t*>(p) - block_.get());
+  Range r{DeviceLayer::counted(std::max<size_t>(bytes, 1)), {dev_.fence_compute()}};
+  auto next = free_.lower_bound(off);
+  if (next != free_.end() && off + r.bytes == next->first) {  // merge with the range after
+    r.bytes += next->second.bytes;
+    r.fences.insert(r.fences.end(), next->second.fences.begin(), next->second.fences.end());
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {  // and with the range before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.bytes == off) {
+      prev->second.bytes += r.bytes;
+      prev->second.fences.insert(prev->second.fences.end(), r.fences.begin(), r.fences.end());
+      return;
+    }
+  }
+  free_[off] = std::move(r);
 }
 
 uint8_t* DeviceLayer::slot_for(Lane lane, int slot) {

@@ -18,12 +18,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 
 namespace nibble::kernels::gpu {
 
 class DeviceLayer;
+class DeviceArena;
 
 // An upload enqueued ahead of the operation that reads it (DeviceLayer::prefetch). await() makes the
 // compute stream wait for it (the host only until its copies are issued); the handle awaits on
@@ -163,6 +165,7 @@ class DeviceLayer {
   void release_staging();
 
  private:
+  friend class DeviceArena;  // its pieces are fenced as the pool's blocks are
   struct Pooled {
     void* p;
     uint64_t fence;
@@ -245,6 +248,33 @@ class DeviceBuffer {
   DeviceLayer* dev_ = nullptr;
   T* p_ = nullptr;
   size_t n_ = 0;
+};
+
+// One allocation handed out in pieces: arrays held together for a while (the weights a whole-model search
+// keeps for the quantizer) take one device allocation between them instead of one each, and a run twice as
+// long makes no more. First fit over the free ranges (coalesced), pieces aligned to 256 bytes. A piece given
+// back carries an event of the compute stream, as a pooled block does, and is handed out again only once the
+// stream has passed it.
+class DeviceArena {
+ public:
+  DeviceArena(DeviceLayer& dev, size_t bytes);
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  // A piece of `bytes` (nullptr when no free range holds it: nothing is allocated instead).
+  void* take(size_t bytes);
+  void give(void* p, size_t bytes);
+  size_t capacity() const { return block_.bytes(); }
+  size_t free_bytes() const;
+
+ private:
+  struct Range {
+    size_t bytes;
+    std::vector<uint64_t> fences;  // of the pieces given back into it, not yet passed
+  };
+  DeviceLayer& dev_;
+  DeviceBuffer<uint8_t> block_;
+  std::map<size_t, Range> free_;  // offset -> free range
 };
 
 // The emulated device: host memory, the staging ring as host buffers, copies as memcpy, streams that run

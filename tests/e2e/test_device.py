@@ -75,9 +75,11 @@ def _quantize_pair(nibble, src, root, *flags):
                                    ("--algo", "rtn", "--format", "matmulnbits"), ("--algo", "hqq"),
                                    ("--algo", "hqq", "--format", "matmulnbits"), ("--algo", "gptq"),
                                    ("--algo", "gptq", "--gptq_act_order", "--use_zero_point"),
-                                   ("--algo", "awq_gptq")],
+                                   ("--algo", "awq_gptq"),
+                                   ("--algo", "rtn_dq", "--format", "matmulnbits", "--use_zero_point"),
+                                   ("--algo", "rtn_dq", "--format", "matmulnbits", "--enable_mixed_quant")],
                          ids=["rtn_dq", "rtn_dq_zp", "rtn_matmulnbits", "hqq", "hqq_matmulnbits", "gptq",
-                              "gptq_act_order_zp", "awq_gptq"])
+                              "gptq_act_order_zp", "awq_gptq", "rtn_dq_matmulnbits_zp", "rtn_dq_matmulnbits_mixed"])
 def test_emulated_device_writes_the_cpu_model(nibble, model_cache, tmp_path, dtype, flags):
     spec, src = model_cache.llama(dtype=dtype)
     gptq = flags[1] in ("gptq", "awq_gptq")
@@ -171,12 +173,14 @@ def test_emulated_device_awq_modelopt_mode_writes_the_cpu_model(nibble, smollm2,
     assert len(names) == 10 and all(n.startswith(("model.layers.0.", "model.layers.1.")) for n in names), names
 
 
-def test_emulated_device_streams_within_a_small_budget(nibble, model_cache, tmp_path):
-    """Weights larger than the device budget go through in panels: same model, peak within budget."""
+@pytest.mark.parametrize("fmt", ["dq", "matmulnbits"])
+def test_emulated_device_streams_within_a_small_budget(nibble, model_cache, tmp_path, fmt):
+    """Weights larger than the device budget go through in panels: same model, peak within budget. (MatMulNBits:
+    the codes a device keeps for the packing come back instead where they do not fit beside the panels.)"""
     _, src = model_cache.llama(hidden=256, inter=512)
     budget = 256 * 1024  # below one 256 x 512 fp32 weight (512 KiB)
     cpu, emu, report = _quantize_pair(nibble, src, str(tmp_path), "--algo", "rtn_dq", "--device_memory",
-                                      "256KiB")
+                                      "256KiB", "--format", fmt)
     assert folder_digest(cpu) == folder_digest(emu)
     s = report["summary"]
     assert s["device_memory_budget_bytes"] == budget

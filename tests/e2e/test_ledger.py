@@ -3,8 +3,8 @@ would move the bytes): what each algorithm sends over the bus, against the model
 bounds and what W, the statistics and the packed output are: tools/ledger_bounds.py (bench/gpu_check
 applies the same to a GPU's reports).
 
-Pooled: a model twice as deep makes no more allocations (layer by layer; a whole-model AWQ run holds each
-weight from its search to its quantizer, one allocation per weight)."""
+Pooled: a model twice as deep makes no more allocations (layer by layer, and the whole-model AWQ runs, which
+hold each weight from its search to its quantizer in one room reserved for all of them)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import REPO, data_file
+from .conftest import REPO, data_file, folder_digest
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from ledger_bounds import HOST_OK, gram_block_bytes, gram_bytes  # noqa: E402
@@ -66,11 +66,17 @@ def deep_model(model_cache, ledger_model):
 def check_pooled(nibble, deep, npz, tmp_path, r, *flags, held=False):
     """No allocation after the first weight of a kind: twice the weights, the same allocations. A
     whole-model run that keeps each weight on the device from its search to its quantizer (`held`) holds
-    them all at once between the two: exactly one more allocation for each more weight, nothing else."""
+    them all at once between the two, in one room reserved for them (one allocation, however many weights):
+    no more allocations either, and every weight is held (each goes up once, by `keep`)."""
     r2, d2, _ = _run(nibble, deep, str(tmp_path / "deep"), npz, *flags)
     more = len(r2["weights"]) - len(r["weights"])
     assert more > 0
-    assert d2["allocations"] - r["summary"]["device"]["allocations"] == (more if held else 0)
+    assert d2["allocations"] == r["summary"]["device"]["allocations"]
+    if held:
+        for rep, d in ((r, r["summary"]["device"]), (r2, d2)):
+            assert d["ops"]["reserve_kept"]["allocations"] == 1
+            assert d["ops"]["keep"]["h2d_bytes"] == rep["summary"]["bytes_in"]
+            assert rep["summary"]["peak_device_memory_bytes"] <= rep["summary"]["device_memory_budget_bytes"]
 
 
 def test_rtn_dq_moves_each_weight_once_and_the_packed_output_back(nibble, ledger_model, deep_model, tmp_path):
@@ -180,22 +186,52 @@ def test_gptq_moves_each_weight_and_each_gram_once(nibble, ledger_model, deep_mo
     check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", algo, "--layer_by_layer", "off", held=algo == "awq_gptq")
 
 
-@pytest.mark.parametrize("fmt", ["dq", "matmulnbits"])
-def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, fmt):
-    """dq: each weight once. MatMulNBits: its packing takes the codes from the host, so they go up once
-    more, packed two a byte as the quantizer brought them back (0.25x an fp16 weight's bytes), and its
-    layout comes back beside the packed codes."""
+@pytest.mark.parametrize("algo,fmt", [("hqq", "dq"), ("hqq", "matmulnbits"), ("rtn_dq", "matmulnbits")])
+def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, algo, fmt):
+    """Each weight once, and its packed output back. MatMulNBits: the quantizer leaves the codes, scales and
+    integer zero points on the device, where the packings read them: nothing goes up for them, and only
+    B, the scales (in their fp16 type) and the zero points come back."""
     _, src, _ = ledger_model
-    flags = ("--algo", "hqq", "--format", fmt)
+    flags = ("--algo", algo, "--format", fmt)
     r, d, out = _run(nibble, src, str(tmp_path), None, *flags)
     w = r["summary"]["bytes_in"]
-    assert w <= d["h2d_bytes"] <= (1.1 if fmt == "dq" else 1.35) * w
+    assert w <= d["h2d_bytes"] <= 1.1 * w
     if fmt == "matmulnbits":
-        assert d["ops"]["pack_matmulnbits_weight"]["h2d_bytes"] <= 0.275 * w  # codes 0.25x, and the zero points
-    if fmt == "dq":
-        check_down(r, d, out)
+        ops = d["ops"]
+        for op in ("pack_matmulnbits_weight", "matmulnbits_scales"):
+            assert ops[op]["calls"] == len(r["weights"]) and ops[op]["h2d_bytes"] == 0, (op, ops[op])
+        # B [N, G, blob] comes back and nothing else: 4-bit codes, half a byte each.
+        assert ops["pack_matmulnbits_weight"]["d2h_bytes"] == sum(x["shape"][0] * x["shape"][1] // 2
+                                                                  for x in r["weights"])
+        # The quantizer brings back its error sum (8 bytes) and HQQ its fractional zero points (fp16, as the
+        # output stores them): codes, scales and integer zero points stay on the device.
+        fzp = sum(-(-x["shape"][x["k_axis"]] // 32) * x["shape"][1 - x["k_axis"]] * 2 for x in r["weights"])
+        quant = ops["hqq" if algo == "hqq" else "rtn_lsq"]
+        assert quant["d2h_bytes"] == 8 * quant["calls"] + (fzp if algo == "hqq" else 0)
+    check_down(r, d, out)
     check_on_host(d)
     check_pooled(nibble, deep_model, None, tmp_path, r, *flags)
+
+
+@pytest.mark.parametrize("flags", [("--algo", "awq_lite", "--layer_by_layer", "off"), ("--algo", "awq_clip"),
+                                   ("--algo", "awq_lite", "--use_zero_point")],
+                         ids=["awq_lite_whole_model", "awq_clip", "awq_lite_zp"])
+def test_awq_matmulnbits_packs_where_the_quantizer_left_the_codes(nibble, ledger_model, tmp_path, flags):
+    """AWQ into MatMulNBits: the quantizer of W ⊙ s leaves its codes on the device for the packing, the
+    output is the CPU's byte for byte, and only the packed output comes back."""
+    _, src, npz = ledger_model
+    flags = (*flags, "--format", "matmulnbits")
+    r, d, out = _run(nibble, src, str(tmp_path / "emu"), npz, *flags)
+    cpu = str(tmp_path / "cpu" / "model.onnx")
+    nibble.quantize(src, cpu, *flags, "--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu",
+                    "--block_size", "32", "--device", "cpu", "--force")
+    emulated = {f: h for f, h in folder_digest(os.path.dirname(out)).items() if f != "r.json"}
+    assert folder_digest(os.path.dirname(cpu)) == emulated
+    ops = d["ops"]
+    for op in ("pack_matmulnbits_weight", "matmulnbits_scales"):
+        assert ops[op]["calls"] == len(r["weights"]) and ops[op]["h2d_bytes"] == 0, (op, ops[op])
+    check_down(r, d, out)
+    check_on_host(d)
 
 
 def test_mixed_by_sensitivity_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path):

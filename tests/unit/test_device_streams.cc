@@ -253,3 +253,31 @@ TEST(DeviceStreams, OperationsThroughSmallStagingBuffersMatchTheCpu) {
     EXPECT_GE(t.staging_chunks, 2 * ceil_div(w.bytes(), kChunk));
   }
 }
+
+// A room (DeviceArena): one allocation handed out in 256-byte-aligned pieces, first fit; pieces given
+// back merge with their free neighbours and serve later requests; a request no free range holds fails
+// without allocating.
+TEST(DeviceArena, PiecesOfOneAllocation) {
+  auto dev = gpu::make_emulated_device(1u << 20);
+  const uint64_t before = dev->ledger().total.allocations;
+  gpu::DeviceArena arena(*dev, 3 * 1024);
+  EXPECT_EQ(dev->ledger().total.allocations, before + 1);
+  EXPECT_EQ(arena.capacity(), 3072u);
+  auto* a = static_cast<uint8_t*>(arena.take(1000));  // 1024 counted
+  auto* b = static_cast<uint8_t*>(arena.take(1024));
+  auto* c = static_cast<uint8_t*>(arena.take(1024));
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(b - a, 1024);
+  EXPECT_EQ(c - b, 1024);
+  EXPECT_EQ(arena.take(1), nullptr);
+  EXPECT_EQ(arena.free_bytes(), 0u);
+  arena.give(a, 1000);
+  arena.give(b, 1024);  // merges with a's range
+  EXPECT_EQ(arena.free_bytes(), 2048u);
+  EXPECT_EQ(arena.take(2048), a);  // one range again
+  arena.give(c, 1024);
+  arena.give(a, 2048);  // merges with c's: the whole block
+  EXPECT_EQ(arena.take(3072), a);
+  EXPECT_EQ(dev->ledger().total.allocations, before + 1);
+  EXPECT_EQ(dev->in_use(), gpu::DeviceLayer::counted(3072));
+}

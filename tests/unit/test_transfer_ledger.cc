@@ -3,6 +3,7 @@
 // so that a weight crosses the bus once. Results are compared with the CPU backend's, bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -309,4 +310,107 @@ TEST(TransferLedger, ScaledKeptWeightUploadsOnlyTheScale) {
   gpu->rtn_weighted(gs, spec, energy.data(), {1.0f, 0.9f}, a);
   cpu->rtn_weighted(cs, spec, energy.data(), {1.0f, 0.9f}, b);
   expect_same(a, b);
+}
+
+// Weights held together (a whole-model search's, for the quantizer) share one room: one allocation for all,
+// each still uploaded once and read in place; a piece given back serves the next weight, and a full room
+// refuses (nothing is uploaded). The CPU keeps nothing and reserves nothing.
+TEST(TransferLedger, HeldWeightsShareOneRoom) {
+  const Fp16Weight w;
+  auto gpu = emulated();
+  const std::shared_ptr<Resident> room = gpu->reserve_kept({w.bytes(), w.bytes(), w.bytes()});
+  ASSERT_TRUE(room);
+  EXPECT_EQ(op(*gpu, "reserve_kept").allocations, 1u);
+  std::vector<WeightMatrix> held;
+  for (int i = 0; i < 3; ++i) held.push_back(gpu->keep_in(w.m, room));
+  for (const auto& h : held) ASSERT_TRUE(h.resident);
+  EXPECT_FALSE(gpu->keep_in(w.m, room).resident);  // full
+  EXPECT_EQ(op(*gpu, "keep").allocations, 0u);
+  EXPECT_EQ(op(*gpu, "keep").h2d_bytes, 3 * w.bytes());
+  QuantResult a, b;
+  gpu->rtn(held[1], QuantSpec{4, kBlock, true}, a);
+  make_cpu_backend()->rtn(w.m, QuantSpec{4, kBlock, true}, b);
+  expect_same(a, b);
+  EXPECT_EQ(op(*gpu, "rtn").h2d_bytes, 0u);
+  held[1] = WeightMatrix{};  // its piece goes back to the room
+  const WeightMatrix again = gpu->keep_in(w.m, room);
+  EXPECT_TRUE(again.resident);
+  EXPECT_EQ(op(*gpu, "keep").allocations, 0u);
+  EXPECT_EQ(gpu->transfer_ledger()->ops.at("reserve_kept").allocations, 1u);
+  // More than the budget holds: no room.
+  EXPECT_FALSE(emulated(w.bytes())->reserve_kept({w.bytes(), w.bytes()}));
+  auto cpu = make_cpu_backend();
+  EXPECT_FALSE(cpu->reserve_kept({w.bytes()}));
+  EXPECT_FALSE(cpu->keep_in(w.m, room).resident);
+}
+
+namespace {
+
+// The MatMulNBits packings of a result the device kept (spec.keep_on_backend) against the CPU's.
+void expect_kept_result_packs_as_the_cpu(const WeightMatrix& wm, bool zero_point, uint64_t budget) {
+  auto gpu = emulated(budget);
+  QuantSpec spec{4, kBlock, zero_point};
+  spec.keep_on_backend = true;
+  QuantResult got, want;
+  if (zero_point) {
+    gpu->hqq(wm, spec, HqqOptions{}, got);
+    make_cpu_backend()->hqq(wm, spec, HqqOptions{}, want);
+  } else {
+    gpu->rtn_lsq(wm, spec, RtnSearchOptions{FitWeight::kMagnitude}, got);
+    make_cpu_backend()->rtn_lsq(wm, spec, RtnSearchOptions{FitWeight::kMagnitude}, want);
+  }
+  ASSERT_TRUE(got.resident);
+  EXPECT_TRUE(got.codes.empty() && got.packed.empty() && got.scales.empty() && got.zero_points.empty());
+  EXPECT_EQ(got.sq_error, want.sq_error);
+  EXPECT_EQ(got.groups, want.groups);
+  const OpTransfers q = op(*gpu, zero_point ? "hqq" : "rtn_lsq");
+  EXPECT_EQ(q.d2h_bytes, 8u);  // the error sum alone
+  auto cpu = make_cpu_backend();
+  EXPECT_EQ(gpu->pack_matmulnbits_weight(wm, spec, got, kBlock), cpu->pack_matmulnbits_weight(wm, spec, want, kBlock));
+  EXPECT_EQ(gpu->matmulnbits_scales(wm, got), cpu->matmulnbits_scales(wm, want));
+  if (zero_point) {
+    EXPECT_EQ(gpu->pack_matmulnbits_zero_points(wm, spec, got), cpu->pack_matmulnbits_zero_points(wm, spec, want));
+  }
+  const uint64_t n = uint64_t(wm.rows * wm.cols), GN = uint64_t(G * wm.N());
+  for (const char* o : {"pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points"})
+    EXPECT_EQ(op(*gpu, o).h2d_bytes, 0u) << o;
+  EXPECT_EQ(op(*gpu, "pack_matmulnbits_weight").d2h_bytes, n / 2);
+  EXPECT_EQ(op(*gpu, "matmulnbits_scales").d2h_bytes, GN * 2);  // fp16 scales in their type
+  EXPECT_THROW(gpu->pack_onnx_codes(got, 4), std::invalid_argument);  // the host has no codes to pack
+}
+
+}  // namespace
+
+// The codes stay on the device from the quantizer to the MatMulNBits packing: nothing goes up for the
+// packing, only B, the scales and the zero points come back; both layouts, with and without zero points,
+// and in column panels (a budget below the weight).
+TEST(TransferLedger, KeptResultIsPackedWhereTheQuantizerLeftIt) {
+  const Fp16Weight w;
+  expect_kept_result_packs_as_the_cpu(w.m, false, uint64_t(64) << 20);
+  expect_kept_result_packs_as_the_cpu(w.m, true, uint64_t(64) << 20);
+  expect_kept_result_packs_as_the_cpu(w.m, true, 96 << 10);  // panels of 32 columns
+  WeightMatrix nk = w.m;  // the same bytes read as [N, K] (Gemm transB)
+  nk.rows = N, nk.cols = K, nk.k_axis = 1;
+  expect_kept_result_packs_as_the_cpu(nk, false, uint64_t(64) << 20);
+  expect_kept_result_packs_as_the_cpu(nk, true, 96 << 10);
+}
+
+// A result kept on the device brings no scales back for the host to check: a weight holding NaN or Inf still
+// shows in its error sum, which the pipeline turns into its "holds NaN or Inf values" error.
+TEST(TransferLedger, KeptResultOfANonFiniteWeightHasANonFiniteError) {
+  Fp16Weight w;
+  w.bits[5 * N + 3] = 0x7c00;  // +Inf
+  w.bits[9 * N + 40] = 0x7e00;  // NaN
+  auto gpu = emulated();
+  for (bool zp : {false, true}) {
+    QuantSpec spec{4, kBlock, zp};
+    spec.keep_on_backend = true;
+    QuantResult q;
+    if (zp)
+      gpu->hqq(w.m, spec, HqqOptions{}, q);
+    else
+      gpu->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, q);
+    ASSERT_TRUE(q.resident);
+    EXPECT_FALSE(std::isfinite(q.sq_error)) << "zp " << zp;
+  }
 }

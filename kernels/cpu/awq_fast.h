@@ -14,9 +14,19 @@ namespace nibble::kernels {
 // the GEMM form its parity was measured with). Each column is summed in column_dot_ref's order
 // (kernels/tree_reduce.h, the CUDA backend's too), the columns in order: the result does not depend on
 // the thread count, and equals the emulated device's when the BLAS products do.
+//
+// `work` (optional) holds the buffers of one candidate (W ⊙ s, codes, D: several bytes per weight each) for
+// the next candidate of the same weight: the loss is the same with or without it, a fresh buffer per
+// candidate only costs its page faults.
+struct AwqLossWork {
+  std::vector<uint8_t> scaled;
+  QuantResult q;
+  std::vector<float> d;
+  std::vector<double> col;
+};
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios = nullptr,
-                const float* gram_upper = nullptr);
+                const float* gram_upper = nullptr, AwqLossWork* work = nullptr);
 
 // U with XᵀX = UᵀU (row-major, upper triangle; the strict lower triangle is zero), float32, from a
 // float64 LAPACK Cholesky factorisation. A Gram matrix that is only semi-definite (a channel that is

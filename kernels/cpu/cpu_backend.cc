@@ -48,7 +48,9 @@ class CpuBackend final : public CpuCommon {
                                  const std::vector<float>* clip_ratios) override {
     const std::vector<float> w_kn = logical_weight(w);
     std::vector<double> out;
-    for (const float* s : scales) out.push_back(awq_loss(w, w_kn, s, spec, g.gram32, g.rows, clip_ratios, g.upper));
+    AwqLossWork work;  // one weight's buffers, reused by each candidate
+    for (const float* s : scales)
+      out.push_back(awq_loss(w, w_kn, s, spec, g.gram32, g.rows, clip_ratios, g.upper, &work));
     return out;
   }
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,

@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "kernels/cpu/awq_ref.h"
@@ -162,6 +163,48 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   double sum = 0;
   for (double v : col) sum += v;
   return sum / (double(rows) * double(N));
+}
+
+std::vector<float> logical_weight_fast(const WeightMatrix& w) {
+  if (w.k_axis != 0) return logical_weight(w);
+  const int64_t K = w.K(), N = w.N();
+  std::vector<float> out(size_t(K * N));
+  constexpr int64_t kRows = 16;
+  parallel_for(num_blocks(K, kRows), [&](int64_t c) {
+    const size_t i0 = size_t(c * kRows * N), i1 = size_t(std::min(K, (c + 1) * kRows) * N);
+    if (w.dtype == DType::kFloat16) {
+      const uint16_t* h = static_cast<const uint16_t*>(w.data);
+      for (size_t i = i0; i < i1; ++i) out[i] = half_to_float(h[i]);
+    } else if (w.dtype == DType::kBFloat16) {
+      const uint16_t* h = static_cast<const uint16_t*>(w.data);
+      for (size_t i = i0; i < i1; ++i) out[i] = bf16_to_float(h[i]);
+    } else {
+      for (size_t i = i0; i < i1; ++i) out[i] = load_float(w.dtype, w.data, i);
+    }
+  });
+  return out;
+}
+
+std::vector<float> weight_mean_fast(const WeightMatrix& w, int64_t block, bool contiguous) {
+  if (!contiguous) return weight_mean(logical_weight_fast(w), w.K(), w.N(), block, false);
+  const std::vector<float> kn = logical_weight_fast(w);
+  const int64_t K = w.K(), N = w.N(), G = num_blocks(K, block);
+  std::vector<float> amax(size_t(G * N), 0.0f), out(static_cast<size_t>(K));
+  parallel_for(G, [&](int64_t g) {  // the max of each block's column, as weight_mean's (order-free)
+    float* a = amax.data() + g * N;
+    for (int64_t k = g * block; k < std::min(K, (g + 1) * block); ++k)
+      for (int64_t n = 0; n < N; ++n) a[n] = std::max(a[n], std::fabs(kn[size_t(k * N + n)]));
+  });
+  constexpr int64_t kRows = 16;
+  parallel_for(num_blocks(K, kRows), [&](int64_t c) {
+    std::vector<float> row(static_cast<size_t>(N));
+    for (int64_t k = c * kRows; k < std::min(K, (c + 1) * kRows); ++k) {
+      const float* a = amax.data() + (k / block) * N;
+      for (int64_t n = 0; n < N; ++n) row[size_t(n)] = std::fabs(kn[size_t(k * N + n)]) / (a[n] + FLT_MIN);
+      out[size_t(k)] = numpy_sum_f32(row.data(), N) / float(N);
+    }
+  });
+  return out;
 }
 
 void column_dots(const float* a, const float* b, int64_t K, int64_t ld, int64_t width, double* out) {

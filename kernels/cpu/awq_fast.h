@@ -38,6 +38,14 @@ std::vector<float> gram_cholesky_upper(const double* gram, int64_t K);
 // columns side by side so the loop vectorizes.
 void column_dots(const float* a, const float* b, int64_t K, int64_t ld, int64_t width, double* out);
 
+// logical_weight (awq_ref.h) on our threads, typed loops for the [K, N] layout; the same values.
+std::vector<float> logical_weight_fast(const WeightMatrix& w);
+
+// weight_mean(logical_weight(w), ...) (awq_ref.h) on our threads: the contiguous blocks' maxima per block
+// row, each row's numpy-order sum as the reference's; the same bits (the strided form: the reference's
+// arithmetic on logical_weight_fast).
+std::vector<float> weight_mean_fast(const WeightMatrix& w, int64_t block, bool contiguous);
+
 // OpenBLAS runs single-threaded inside our parallel_for.
 void use_single_threaded_blas();
 

@@ -43,10 +43,13 @@ class CpuBackend final : public CpuCommon {
   std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
     return kernels::gram_cholesky_upper(gram, K);
   }
+  std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override {
+    return weight_mean_fast(w, block, contiguous);
+  }
   std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
                                  const QuantSpec& spec, const GramForm& g,
                                  const std::vector<float>* clip_ratios) override {
-    const std::vector<float> w_kn = logical_weight(w);
+    const std::vector<float> w_kn = logical_weight_fast(w);
     std::vector<double> out;
     AwqLossWork work;  // one weight's buffers, reused by each candidate
     for (const float* s : scales)

@@ -147,3 +147,22 @@ TEST(AwqLoss, RowsFormEqualsGeneralPathBitForBit) {
     }
   }
 }
+
+// The weight statistic and the float weight on our threads: the reference's bits.
+TEST(AwqLoss, WeightMeanFastEqualsReferenceBitForBit) {
+  const int64_t K = 300, N = 70;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    std::vector<uint8_t> kn(size_t(K * N) * dtype_size(t));
+    for (size_t i = 0; i < size_t(K * N); ++i) store_float(t, kn.data(), i, round_to(t, d(rng)));
+    const WeightMatrix w{t, kn.data(), K, N, 0};
+    const auto ref_kn = logical_weight(w), fast_kn = logical_weight_fast(w);
+    ASSERT_EQ(std::memcmp(ref_kn.data(), fast_kn.data(), ref_kn.size() * 4), 0) << dtype_name(t);
+    for (bool contiguous : {true, false}) {
+      const auto want = weight_mean(ref_kn, K, N, 128, contiguous), got = weight_mean_fast(w, 128, contiguous);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << dtype_name(t) << " " << contiguous;
+    }
+  }
+}

@@ -5,6 +5,10 @@
 //   build/bench_kernel_awq_loss [--K 11008] [--N 4096] [--tokens 2048] [--reps 2] [--threads 2]
 //                               [--widths 256,512,1024] [--parts chol,loss,stages,trmm,gemm]
 //
+// Run it as nibble runs OpenBLAS: nibble's CLI picks the kernel set the CPU supports (cli/blas_startup.h),
+// this program does not, so set it (OPENBLAS_CORETYPE=SkylakeX on an AVX-512 CPU); the first line says
+// which set runs.
+//
 // Weights: N(0, 0.02) fp16 from a fixed seed, stored [K, N]. Gram: XᵀX of T random N(0, 1) token rows
 // (rank min(T, K), as real calibration with T < K: the Cholesky factor then needs its diagonal shift).
 // One candidate: alpha 0.5 of random channel means, the clip ratios of the nibble-mode search.
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
   auto want = [&](const char* p) { return ("," + parts + ",").find(std::string(",") + p + ",") != std::string::npos; };
   set_num_threads(threads);
   use_single_threaded_blas();
+  std::printf("OpenBLAS kernel set: %s\n", openblas_get_corename());
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   // Gram from T token rows, float64 as calibration keeps it.

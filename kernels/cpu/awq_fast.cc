@@ -113,6 +113,12 @@ void residual_f32_rows(const QuantResult& q, const QuantSpec& spec, const std::v
 
 }  // namespace
 
+int64_t triangular_loss_chunk(int64_t N) {
+  if (N <= 1024) return N;
+  const int64_t chunks = 2 * num_blocks(N, 2048);
+  return num_blocks(num_blocks(N, chunks), 64) * 64;
+}
+
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios, const float* gram_upper,
                 AwqLossWork* work) {
@@ -143,8 +149,9 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   col.assign(static_cast<size_t>(N), 0.0);
   if (gram_upper != nullptr) {
     // ‖U D‖² = tr(Dᵀ UᵀU D): U·D in place, column chunk by column chunk.
-    parallel_for(num_blocks(N, kChunk), [&](int64_t c) {
-      const int64_t n0 = c * kChunk, width = std::min(N, n0 + kChunk) - n0;
+    const int64_t chunk = triangular_loss_chunk(N);
+    parallel_for(num_blocks(N, chunk), [&](int64_t c) {
+      const int64_t n0 = c * chunk, width = std::min(N, n0 + chunk) - n0;
       cblas_strmm(CblasRowMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, int(K), int(width), 1.0f,
                   gram_upper, int(K), d.data() + n0, int(N));
       column_dots(d.data() + n0, d.data() + n0, K, N, width, col.data() + n0);

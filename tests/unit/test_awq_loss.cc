@@ -166,3 +166,18 @@ TEST(AwqLoss, WeightMeanFastEqualsReferenceBitForBit) {
     }
   }
 }
+
+// The triangular loss's column chunks: N alone decides them (never the thread count), one call up to
+// 1024 columns, above that an even number of chunks of whole 64-column groups that cover N.
+TEST(AwqLoss, TriangularChunksDependOnNAlone) {
+  EXPECT_EQ(triangular_loss_chunk(70), 70);
+  EXPECT_EQ(triangular_loss_chunk(1024), 1024);
+  EXPECT_EQ(triangular_loss_chunk(4096), 1024);  // 4 chunks
+  EXPECT_EQ(triangular_loss_chunk(11008), 960);  // 12 chunks, the last 448 wide
+  for (int64_t N : {1025, 1536, 2049, 4096, 5504, 11008, 14336}) {
+    const int64_t c = triangular_loss_chunk(N), chunks = (N + c - 1) / c;
+    EXPECT_EQ(c % 64, 0) << N;
+    EXPECT_EQ(chunks % 2, 0) << N;
+    EXPECT_LE(c, 1024) << N;
+  }
+}

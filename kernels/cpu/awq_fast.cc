@@ -144,7 +144,7 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   }
   // Each column's sum in column_dot_ref's order (the CUDA backend's), then the columns in order: the
   // same loss as the device's for the same products, whatever the thread count.
-  constexpr int64_t kChunk = 256;  // each call repacks the Gram matrix: few, wide chunks
+  constexpr int64_t kChunk = 256;  // the GEMM form's chunks (modelopt mode, as its parity was measured)
   std::vector<double>& col = wk.col;
   col.assign(static_cast<size_t>(N), 0.0);
   if (gram_upper != nullptr) {

@@ -43,12 +43,17 @@ class CpuBackend final : public CpuCommon {
   std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
     return kernels::gram_cholesky_upper(gram, K);
   }
+  std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override {
+    return weight_mean_fast(w, block, contiguous);
+  }
   std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
                                  const QuantSpec& spec, const GramForm& g,
                                  const std::vector<float>* clip_ratios) override {
-    const std::vector<float> w_kn = logical_weight(w);
+    const std::vector<float> w_kn = logical_weight_fast(w);
     std::vector<double> out;
-    for (const float* s : scales) out.push_back(awq_loss(w, w_kn, s, spec, g.gram32, g.rows, clip_ratios, g.upper));
+    AwqLossWork work;  // one weight's buffers, reused by each candidate
+    for (const float* s : scales)
+      out.push_back(awq_loss(w, w_kn, s, spec, g.gram32, g.rows, clip_ratios, g.upper, &work));
     return out;
   }
   void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,

@@ -44,6 +44,19 @@ struct GramFactor {
 // in an order that depends on its shape. Every backend issues the same tiles, so their choices agree.
 constexpr int64_t kGramClipColumns = 256;
 
+// The AWQ loss's products run the same way, over column tiles from multiples of their width.
+// The triangular form (‖U D‖²): each call repacks U, so tiles are wide (at 7B shapes ~1000 columns cost
+// 7-16 % fewer CPU seconds than 256); an even number of them (two threads finish together); fixed by N
+// alone, so a BLAS kernel set whose products depend on the call's width (OpenBLAS's Haswell set does,
+// its SkylakeX set does not) still gives the same loss on every thread count and backend. N itself up to
+// 1024. The Gram (GEMM) form, ModelOpt's mode: tiles of 256 columns.
+inline int64_t triangular_loss_chunk(int64_t N) {
+  if (N <= 1024) return N;
+  const int64_t chunks = 2 * num_blocks(N, 2048);
+  return num_blocks(num_blocks(N, chunks), 64) * 64;
+}
+constexpr int64_t kGramLossColumns = 256;
+
 // nibble's Gram-form clip search: candidate ratios, tried in this order (1.0 should come first).
 struct GramClipOptions {
   std::vector<float> ratios;

@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/dtype.h"
@@ -113,12 +114,6 @@ void residual_f32_rows(const QuantResult& q, const QuantSpec& spec, const std::v
 
 }  // namespace
 
-int64_t triangular_loss_chunk(int64_t N) {
-  if (N <= 1024) return N;
-  const int64_t chunks = 2 * num_blocks(N, 2048);
-  return num_blocks(num_blocks(N, chunks), 64) * 64;
-}
-
 double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const float* s, const QuantSpec& spec,
                 const float* gram32, int64_t rows, const std::vector<float>* clip_ratios, const float* gram_upper,
                 AwqLossWork* work) {
@@ -144,7 +139,7 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
   }
   // Each column's sum in column_dot_ref's order (the CUDA backend's), then the columns in order: the
   // same loss as the device's for the same products, whatever the thread count.
-  constexpr int64_t kChunk = 256;  // the GEMM form's chunks (modelopt mode, as its parity was measured)
+  constexpr int64_t kChunk = kGramLossColumns;  // the GEMM form's tiles (modelopt mode)
   std::vector<double>& col = wk.col;
   col.assign(static_cast<size_t>(N), 0.0);
   if (gram_upper != nullptr) {

@@ -46,12 +46,6 @@ std::vector<float> logical_weight_fast(const WeightMatrix& w);
 // arithmetic on logical_weight_fast).
 std::vector<float> weight_mean_fast(const WeightMatrix& w, int64_t block, bool contiguous);
 
-// The column chunk of the triangular loss's products: one call per chunk, on our threads. Each call
-// repacks U, so chunks are wide (at 7B shapes ~1000 columns cost 7-16 % fewer CPU seconds than 256); an
-// even number of them (two threads finish together); fixed by N alone, so that a BLAS kernel set whose
-// products depend on the call's width (OpenBLAS's Haswell set does, its SkylakeX set does not:
-// bench/kernel_awq_loss) still gives the same loss whatever the thread count. N itself up to 1024.
-int64_t triangular_loss_chunk(int64_t N);
 
 // OpenBLAS runs single-threaded inside our parallel_for.
 void use_single_threaded_blas();

@@ -49,12 +49,16 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
 // row-major read column-major is its transpose, so G D = (X Gᵀ)ᵀ and U D = (X Uᵀ)ᵀ, Uᵀ lower triangular.
 // Y = X Gᵀ comes out column-major width x K: row-major [K, width], as D.
 void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t gram_rows,
-                               const DeviceBuffer<float>& d, int64_t width, double* acc) {
+                               const DeviceBuffer<float>& d, int64_t width, int64_t tile, double* acc) {
   const int64_t K = g.K, blocks = column_dot_blocks(width);
   const int m = int(width), k = int(K);
   DeviceBuffer<float> y(*dev_, size_t(width * gram_rows));
   if (g.has_upper() && resident && gram_rows == K) {
-    la().strmm(Side::kRight, Fill::kLower, Op::kN, m, k, 1.0f, resident, k, d.get(), m, y.get(), m);
+    // The CPU's products: one per tile of triangular_loss_chunk(N) columns (the panel starts on a tile).
+    for (int64_t c0 = 0; c0 < width; c0 += tile) {
+      const int nc = int(std::min(tile, width - c0));
+      la().strmm(Side::kRight, Fill::kLower, Op::kN, nc, k, 1.0f, resident, k, d.get() + c0, m, y.get() + c0, m);
+    }
     launch_blocks(*dev_, blocks, ColumnDotBlocks{y.get(), y.get(), K, width, 0, nullptr, true, true, acc});
     dev_->synchronize();
     return;
@@ -75,8 +79,11 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
     if (g.has_upper()) {  // U's rows r0.. are zero left of r0: (U D)[r0:] = X[:, r0:] (Uᵀ)[r0:, r0:r0+nr]
       la().sgemm(Op::kN, Op::kN, m, int(nr), int(K - r0), 1.0f, d.get() + r0 * width, m, rows + r0, k, 0.0f, y.get(), m);
       launch_blocks(*dev_, blocks, ColumnDotBlocks{y.get(), y.get(), nr, width, r0, partial.get(), first, last, acc});
-    } else {
-      la().sgemm(Op::kN, Op::kN, m, int(nr), k, 1.0f, d.get(), m, rows, k, 0.0f, y.get(), m);
+    } else {  // the CPU's products where G is whole: one per tile of kGramLossColumns columns
+      for (int64_t c0 = 0; c0 < width; c0 += (nr == K ? tile : width)) {
+        const int nc = int(nr == K ? std::min(tile, width - c0) : width);
+        la().sgemm(Op::kN, Op::kN, nc, int(nr), k, 1.0f, d.get() + c0, m, rows, k, 0.0f, y.get() + c0, m);
+      }
       launch_blocks(*dev_, blocks,
                     ColumnDotBlocks{d.get() + r0 * width, y.get(), nr, width, r0, partial.get(), first, last, acc});
     }
@@ -115,14 +122,17 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   else
     dev_->to_device_2d(diag.get(), 4, g.gram32, size_t(K + 1) * 4, 4, size_t(K));
   int64_t gram_rows = K, width = 0;
+  // The products' column tiles (part of the loss's definition): panels start on them where they can.
+  const int64_t tile = g.has_upper() ? triangular_loss_chunk(N) : kGramLossColumns;
+  const auto on_tiles = [&](int64_t wd) { return wd < N && wd > tile ? wd - wd % tile : wd; };
   const int64_t want = std::min<int64_t>(N, 64);
   const uint64_t in_use = dev_->in_use_live(), budget = dev_->budget();
   if (resident) {
-    width = panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses");
+    width = on_tiles(panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses"));
   } else if (in_use + fixed + gram_bytes + uint64_t(want) * (per_col + uint64_t(K) * 4) < budget) {
     uploaded = upload(g.upper ? g.upper : g.gram32, size_t(K * K));
     resident = uploaded.get();
-    width = panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses");
+    width = on_tiles(panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses"));
   } else {  // the Gram matrix streams in row panels beside `want` columns
     width = panel_width(fixed, per_col * 2, want, "awq_losses");
     const uint64_t left = budget - std::min(budget, dev_->in_use_live() + fixed + per_col * uint64_t(width) + 65536);
@@ -140,7 +150,7 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
     const Panel p = upload_panel(w, n0, std::min(width, N - n0));
     for (int64_t si = 0; si < S; ++si) {
       const DeviceBuffer<float> d = awq_diff(p, spec, s_all.get() + si * K, diag.get(), clip);
-      gram_columns(g, resident, gram_rows, d, p.width, acc.get() + si * N + n0);
+      gram_columns(g, resident, gram_rows, d, p.width, tile, acc.get() + si * N + n0);
     }
   }
   launch(*dev_, S, RowSumBody{acc.get(), N, sums.get()});

@@ -202,11 +202,12 @@ class CudaBackend final : public Backend {
   // does not fit beside what is held.
   WeightMatrix scale_on_device(const WeightMatrix& w, const float* s, DType out_t, const char* op_name);
   // AWQ loss pieces (backend_awq.cu): D = W - Ŵ/s of one panel for one scale vector (on the device), and the
-  // per-column sums of D ⊙ (G D) or (U D)² over Gram row panels of `gram_rows` rows.
+  // per-column sums of D ⊙ (G D) or (U D)² over Gram row panels of `gram_rows` rows, the products in
+  // column tiles `tile` wide where the Gram matrix or factor is whole (the CPU backend's products).
   DeviceBuffer<float> awq_diff(const Panel& p, const QuantSpec& spec, const float* s, const float* diag,
                                const std::vector<float>* clip);
   void gram_columns(const GramForm& g, const float* resident, int64_t gram_rows, const DeviceBuffer<float>& d,
-                    int64_t width, double* acc);
+                    int64_t width, int64_t tile, double* acc);
 
   // GPTQ (backend_gptq.cu): a factor's arrays on the device, H of one dampening from the host's Gram
   // matrix, the sweep of a weight in column panels, and a device factor brought back for the host.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/awq_fast.h"
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/dtype.h"

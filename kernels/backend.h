@@ -57,6 +57,15 @@ inline int64_t triangular_loss_chunk(int64_t N) {
 }
 constexpr int64_t kGramLossColumns = 256;
 
+// The diagonal shifts (x the largest diagonal element) a Gram matrix's Cholesky factorisation tries, in
+// order, on every backend. 0 first; 1e-12 and 1e-9 for a matrix that is only semi-definite in exact
+// arithmetic (a channel always zero), which change no loss comparison; 1e-6 to 1e-4 for one of fewer
+// token rows than channels accumulated in float32, whose rounding leaves eigenvalues of about -1e-7 of
+// the largest (measured on 2048 tokens at K = 4096 and 11008: 1e-6 or 1e-5 was needed). The factor then
+// measures D^T (G + shift I) D: the loss plus a ridge term far below it, where the GEMM form that a
+// failed factorisation falls back to costs twice the products.
+constexpr double kCholeskyShifts[] = {0.0, 1e-12, 1e-9, 1e-6, 1e-5, 1e-4};
+
 // nibble's Gram-form clip search: candidate ratios, tried in this order (1.0 should come first).
 struct GramClipOptions {
   std::vector<float> ratios;

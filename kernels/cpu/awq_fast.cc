@@ -34,7 +34,7 @@ std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) {
   use_single_threaded_blas();
   const int n = int(K);
   std::vector<double> a(size_t(K * K));
-  for (double shift : {0.0, 1e-12, 1e-9}) {
+  for (double shift : kCholeskyShifts) {
     std::copy(gram, gram + K * K, a.begin());
     for (int64_t k = 0; k < K; ++k) a[size_t(k * K + k)] += shift * dmax;
     // The row-major array read as column-major is Gᵀ = G; LAPACK's lower factor L (G = L Lᵀ), stored

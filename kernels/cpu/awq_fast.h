@@ -30,8 +30,8 @@ double awq_loss(const WeightMatrix& w, const std::vector<float>& w_kn, const flo
 
 // U with XᵀX = UᵀU (row-major, upper triangle; the strict lower triangle is zero), float32, from a
 // float64 LAPACK Cholesky factorisation. A Gram matrix that is only semi-definite (a channel that is
-// always zero, fewer tokens than channels) gets a diagonal shift of 1e-12, then 1e-9 of its largest
-// diagonal element, which changes no loss comparison; empty when even that fails (GEMM form then).
+// always zero, fewer tokens than channels) gets the diagonal shifts of kCholeskyShifts (kernels/backend.h)
+// in turn; empty when even the last fails (GEMM form then).
 std::vector<float> gram_cholesky_upper(const double* gram, int64_t K);
 
 // column_dot_ref of `width` adjacent columns of row-major arrays (row stride ld), bit for bit, the

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 
@@ -168,7 +169,7 @@ std::vector<float> gram_cholesky_upper_ref(const double* gram, int64_t K) {
   for (int64_t k = 0; k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
   if (!(dmax > 0) || !std::isfinite(dmax)) return {};
   std::vector<double> u(size_t(K * K));
-  for (double shift : {0.0, 1e-12, 1e-9}) {
+  for (double shift : kCholeskyShifts) {
     // Row by row: U_ii = sqrt(G_ii - Σ_m<i U_mi²), U_ij = (G_ij - Σ_m<i U_mi U_mj) / U_ii.
     std::fill(u.begin(), u.end(), 0.0);
     bool ok = true;

@@ -204,7 +204,7 @@ DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t 
   // u holds G in float32 until the factor overwrites it: a retry widens it again, nothing crosses the bus.
   DeviceBuffer<float> u(*dev_, size_t(K * K));
   const bool narrow = upload_narrowed(u.get(), gram, u.size());
-  for (double shift : {0.0, 1e-12, 1e-9}) {
+  for (double shift : kCholeskyShifts) {
     if (narrow)  // again on a retry: dpotrf overwrote a
       launch(*dev_, K * K, WidenBody{u.get(), a.get()});
     else

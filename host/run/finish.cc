@@ -49,13 +49,10 @@ Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned
 }
 
 // Where the run's time went, by stage (a layer-by-layer run's calibration, search and quantization are
-// all in `layers`).
+// all in `layers`, and also given apart: the parts of `layers`).
 nlohmann::json stage_seconds_json(const QuantizeOptions& o, const StageSeconds& t) {
   nlohmann::json j = {{"load", t.load}, {"write", t.write}};
-  if (t.layers > 0) {
-    j["layers"] = t.layers;
-    return j;
-  }
+  if (t.layers > 0) j["layers"] = t.layers;
   j["quantize"] = t.quantize;
   if (needs_calibration(o)) {
     j["calibrate"] = t.calibrate;

@@ -66,6 +66,8 @@ void add(Emitted& total, const Emitted& e) {
   total.sq_error += e.sq_error;
   total.elements += e.elements;
   total.zero_point = e.zero_point;
+  total.calibrate_seconds += e.calibrate_seconds;
+  total.search_seconds += e.search_seconds;
 }
 
 template <typename T>
@@ -150,6 +152,8 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   }
   spdlog::info("layer group {}: {} weights, calibration {:.1f} s, search {:.1f} s", g, idx.size(),
                s.calibrate_seconds, s.search_seconds);
+  e.calibrate_seconds = s.calibrate_seconds;
+  e.search_seconds = s.search_seconds;
   return e;
 }
 

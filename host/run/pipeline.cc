@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
@@ -131,6 +132,11 @@ int run_quantize(const QuantizeOptions& o) {
                               ? emit_stage(o, model, planned, searched, rewriter, *backend)
                               : layer_by_layer_stage(o, model, planned, groups, rewriter, writer, *backend, announce);
   (groups.empty() ? secs.quantize : secs.layers) = lap();
+  if (!groups.empty()) {
+    secs.calibrate = emitted.calibrate_seconds;
+    secs.search = emitted.search_seconds;
+    secs.quantize = std::max(0.0, secs.layers - secs.calibrate - secs.search);
+  }
   const uint64_t copied = copy_rest_stage(model, rewriter, writer);
   const Committed committed = commit_stage(o, model, planned, emitted, rewriter, writer);
   if (!groups.empty()) remove_layer_state(o);

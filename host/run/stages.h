@@ -81,6 +81,8 @@ struct Emitted {
   double sq_error = 0;
   int64_t elements = 0;
   bool zero_point = false;
+  // Layer by layer: where the layers' time went (calibration of each layer, its search), summed.
+  double calibrate_seconds = 0, search_seconds = 0;
 };
 Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
                    GraphRewriter& rewriter, kernels::Backend& backend);
@@ -96,7 +98,8 @@ struct Committed {
 Committed commit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const Emitted& emitted,
                        GraphRewriter& rewriter, ModelWriter& writer);
 // Wall seconds per stage, for the report (where a run's time went: on a GPU, whether the device's part
-// matters at all). A layer-by-layer run calibrates, searches and quantizes inside `layers`.
+// matters at all). A layer-by-layer run calibrates, searches and quantizes inside `layers`: calibrate,
+// search and quantize then say how `layers` divides.
 struct StageSeconds {
   double load = 0, calibrate = 0, search = 0, quantize = 0, layers = 0, write = 0, total = 0;
 };

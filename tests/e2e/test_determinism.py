@@ -79,23 +79,27 @@ def test_report_is_deterministic_apart_from_timings(nibble, shaped, tmp_path):
 
 def test_report_says_where_the_time_went(nibble, shaped, tmp_path):
     """summary.stage_seconds: load, calibrate, search, quantize and write for a calibrated whole-model run
-    (only load, quantize and write without calibration; load, layers and write layer by layer), each at
-    least 0, together within the run's seconds."""
+    (only load, quantize and write without calibration), each at least 0, together within the run's
+    seconds. Layer by layer: load, layers and write, and the same calibrate, search and quantize as the
+    parts of `layers` (every layer's, summed)."""
     import json
     src = shaped("fp16")
     calib = ["--algo", "awq_lite", "--use_random_calib", "--calib_size", "2", "--calib_seq_len", "32"]
     for flags, stages in ((["--algo", "rtn_dq"], {"load", "quantize", "write"}),
                           (calib + ["--layer_by_layer", "off"], {"load", "calibrate", "search", "quantize", "write"}),
-                          (calib, {"load", "layers", "write"})):
+                          (calib, {"load", "layers", "calibrate", "search", "quantize", "write"})):
         rep = tmp_path / "r.json"
         nibble.quantize(src, str(tmp_path / "o" / "model.onnx"), *flags, "--quiet", "--force", "--report", str(rep))
         s = json.loads(rep.read_text())["summary"]
         t = s["stage_seconds"]
         assert set(t) == stages, t
         assert all(v >= 0 for v in t.values()), t
-        assert sum(t.values()) <= s["seconds"] + 1e-3, (t, s["seconds"])
+        parts = {k: v for k, v in t.items() if not ("layers" in t and k in ("calibrate", "search", "quantize"))}
+        assert sum(parts.values()) <= s["seconds"] + 1e-3, (t, s["seconds"])
+        if "layers" in t:
+            assert abs(t["calibrate"] + t["search"] + t["quantize"] - t["layers"]) <= 1e-6 * t["layers"] + 1e-9, t
         if "calibrate" in t:
-            assert t["calibrate"] > 0
+            assert t["calibrate"] > 0 and t["search"] > 0
 
 
 # Calibrated algorithms: the statistics (calib/capture.py), the searches and the sensitivity choice

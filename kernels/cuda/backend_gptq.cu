@@ -13,6 +13,7 @@
 // so the results are the CPU backend's bits.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -30,16 +31,34 @@ constexpr uint64_t kStageBytes = uint64_t(4) << 20;      // a row panel of the G
 constexpr uint64_t kSlack = 64 * 1024;                   // allocation rounding and solver workspaces
 
 // Where each array of a factor lies in its device buffer (int64 first, for their alignment).
+// - kUploaded: a host factor's U [K, K] float32 after the channel vectors.
+// - kMadeHere: gptq_factor's own buffer: H [K, K] float64 first, where the solver works and where U is
+//   narrowed to float32 in place (upper_in_place), the vectors after it. One K² · 8 bytes at the peak,
+//   not H beside U (1.5x that): a K = 11008 factor fits a 1 GiB device.
+enum class Placement { kUploaded, kMadeHere };
 struct FactorLayout {
   size_t perm, pos, upper, energy, dead, bytes;
-  explicit FactorLayout(int64_t K)
-      : perm(0), pos(size_t(K) * 8), upper(size_t(K) * 16), energy(upper + size_t(K * K) * 4),
-        dead(energy + size_t(K) * 4), bytes(dead + size_t(K)) {}
+  FactorLayout(int64_t K, Placement where) {
+    const size_t head = where == Placement::kMadeHere ? size_t(K * K) * 8 : 0;
+    perm = head, pos = perm + size_t(K) * 8;
+    upper = where == Placement::kMadeHere ? 0 : pos + size_t(K) * 8;
+    energy = (where == Placement::kMadeHere ? pos + size_t(K) * 8 : upper + size_t(K * K) * 4);
+    dead = energy + size_t(K) * 4, bytes = dead + size_t(K);
+  }
 };
 
 void check_spec(const QuantSpec& spec) {
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   if (spec.block <= 0) throw std::invalid_argument("block must be positive");
+}
+
+// U = the upper triangle of a (float64 [K, K], row i of U = column i of L2), narrowed to float32 over a's
+// own first half: element p (a float at byte 4p) is written after the double at byte 8p is read, in
+// ranges [c, 2c) of doubling c, one launch each: a range reads bytes [8c, 16c) and writes [4c, 8c), which
+// the ranges before it have read.
+void upper_in_place_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& range) {
+  if (n > 0) range(0, 1);
+  for (int64_t c = 1; c < n; c *= 2) range(c, std::min(2 * c, n));
 }
 
 int64_t stage_rows(int64_t K) {
@@ -57,9 +76,9 @@ struct CudaBackend::GptqArrays {
 
 CudaBackend::GptqArrays CudaBackend::gptq_arrays(const GptqFactor& f) {
   const int64_t K = f.K;
-  const FactorLayout L(K);
-  GptqArrays a;
   const uint8_t* base = kept(f.upper_resident);
+  const FactorLayout L(K, base ? Placement::kMadeHere : Placement::kUploaded);
+  GptqArrays a;
   if (!base) {  // a host factor (a host fallback's): U and the vectors go up once for this weight
     if (f.upper.size() != size_t(K * K)) throw std::invalid_argument("gptq_quantize: a factor without U");
     const std::vector<int64_t> pos = gptq_positions(f);
@@ -95,11 +114,11 @@ void CudaBackend::gptq_hessian(const double* gram, int64_t K, const GptqArrays& 
 
 GptqFactor CudaBackend::gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
                                     bool act_order) {
-  const FactorLayout L(K);
-  const uint64_t need = uint64_t(K * K) * 8 + L.bytes + uint64_t(stage_rows(K) * K) * 8 + uint64_t(K) * 4 + kSlack;
+  const FactorLayout L(K, Placement::kMadeHere);
+  const uint64_t need = L.bytes + uint64_t(stage_rows(K) * K) * 8 + uint64_t(K) * 4 + kSlack;
   if (dev_->in_use_live() + need > dev_->budget())
-    // H (float64) and the kept U beside it do not fit the budget: the CPU factors it, and gptq_quantize
-    // uploads that U for each weight it sweeps.
+    // H (float64) does not fit the budget: the CPU factors it, and gptq_quantize uploads that U for each
+    // weight it sweeps.
     return on_host("gptq_factor", [&](Backend& h) {
       dev_->count_flops(0, double(K) * double(K) * double(K));
       return h.gptq_factor(gram, K, inv_s, percdamp, act_order);
@@ -120,24 +139,30 @@ GptqFactor CudaBackend::gptq_factor(const double* gram, int64_t K, const float* 
   f.upper_resident = kept_f;
   const GptqArrays arr = gptq_arrays(f);
   const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();
-  DeviceBuffer<double> a(*dev_, size_t(K * K));
+  double* a = reinterpret_cast<double*>(d);  // H, then H⁻¹'s factor, then (narrowed) U
   const int n = int(K);
   for (int attempt = 0; attempt < 5; ++attempt) {
     f.damp = gptq_damp_of(diag, percdamp, attempt);
     // A retry (H not positive definite even so: rare) builds H again from the host's Gram matrix rather
     // than holding a second K² copy on the device for it.
-    gptq_hessian(gram, K, arr, inv_s ? is.get() : nullptr, f.damp, a.get());
+    gptq_hessian(gram, K, arr, inv_s ? is.get() : nullptr, f.damp, a);
     // H is symmetric, so row- and column-major read the same; LAPACK's lower triangle throughout.
-    if (la().dpotrf(Fill::kLower, n, a.get(), n) != 0) continue;
-    if (la().dpotri(Fill::kLower, n, a.get(), n) != 0) continue;  // H⁻¹, lower triangle
-    launch(*dev_, K * K, MirrorLowerBody{a.get(), K});
-    if (la().dpotrf(Fill::kLower, n, a.get(), n) != 0) continue;  // H⁻¹ = L2 L2ᵀ = UᵀU, U = L2ᵀ
-    launch(*dev_, K * K, UpperFloatBody{a.get(), K, reinterpret_cast<float*>(d + L.upper)});
+    if (la().dpotrf(Fill::kLower, n, a, n) != 0) continue;
+    if (la().dpotri(Fill::kLower, n, a, n) != 0) continue;  // H⁻¹, lower triangle
+    launch(*dev_, K * K, MirrorLowerBody{a, K});
+    if (la().dpotrf(Fill::kLower, n, a, n) != 0) continue;  // H⁻¹ = L2 L2ᵀ = UᵀU, U = L2ᵀ
+    upper_in_place(a, K);
     dev_->synchronize();
     return f;
   }
   throw std::runtime_error("GPTQ: the Gram matrix (K = " + std::to_string(K) +
                            ") is not positive definite even with 10^4 times the dampening");
+}
+
+void CudaBackend::upper_in_place(double* a, int64_t K) {
+  upper_in_place_ranges(K * K, [&](int64_t first, int64_t end) {
+    launch(*dev_, end - first, UpperFloatInPlaceBody{a, K, first});
+  });
 }
 
 // What one gptq_quantize call sweeps with: the factor's arrays, the blocks fixed at each sweep position,
@@ -225,7 +250,7 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
     fix[size_t(i)] = int32_t(g);
     sw.mid_batch_fix = sw.mid_batch_fix || i % sw.B != 0;
   }
-  const uint64_t fixed = (kept(f.upper_resident) ? 0 : FactorLayout(K).bytes) + uint64_t(K) * 4 +
+  const uint64_t fixed = (kept(f.upper_resident) ? 0 : FactorLayout(K, Placement::kUploaded).bytes) + uint64_t(K) * 4 +
                          uint64_t(sw.R) * 4 + uint64_t(num_blocks(N, kChunk) + 1) * 8;
   const int64_t width = gptq_width(w, spec, sw, fixed);
   if (width == 0)
@@ -287,7 +312,7 @@ GptqFactor CudaBackend::gptq_host_factor(const GptqFactor& f) {
   if (const uint8_t* d = kept(f.upper_resident)) {
     h.upper.resize(size_t(f.K * f.K));
     dev_->synchronize();
-    dev_->to_host(h.upper.data(), d + FactorLayout(f.K).upper, h.upper.size() * 4);
+    dev_->to_host(h.upper.data(), d + FactorLayout(f.K, Placement::kMadeHere).upper, h.upper.size() * 4);
     h.upper_resident.reset();
   }
   return h;

@@ -215,6 +215,7 @@ class CudaBackend final : public Backend {
   struct GptqSweep;
   GptqArrays gptq_arrays(const GptqFactor& f);
   void gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s, double damp, double* h);
+  void upper_in_place(double* a, int64_t K);
   int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;
   void gptq_panels(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, int64_t width, QuantResult& out);
   void gptq_panel(const GptqSweep& sw, const WeightMatrix& w, const Panel& pnl, DeviceQuant& q, double* chunk_error);

@@ -47,6 +47,19 @@ struct MirrorLowerBody {
   }
 };
 
+// UpperFloatBody over a's own memory, for p in [first, first + count): the float at byte 4p takes the
+// double at byte 8p (or 0 below the diagonal). Safe in parallel within one range of
+// backend_gptq.cu's upper_in_place (it reads [8c, 16c), writes [4c, 8c)).
+struct UpperFloatInPlaceBody {
+  double* a;
+  int64_t K, first;
+  NIBBLE_HD void operator()(int64_t i) const {
+    const int64_t p = first + i;
+    const float v = (p % K) >= (p / K) ? float(a[p]) : 0.0f;
+    reinterpret_cast<float*>(a)[p] = v;
+  }
+};
+
 // ---- The sweep
 
 // The per-channel arrays of a factor on the device.

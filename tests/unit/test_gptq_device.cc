@@ -228,7 +228,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   QuantResult want;
   cpu->gptq_quantize(w.m, spec, fc, options(128), want);
 
-  auto small = emulated(900 << 10);  // below K² · 12 bytes and a staging panel
+  auto small = emulated(900 << 10);  // below H (K² · 8 bytes) and a staging panel
   const GptqFactor fs = small->gptq_factor(gram.data(), K, nullptr, 0.01, true);
   EXPECT_TRUE(op(*small, "gptq_factor").host_fallback);
   EXPECT_EQ(fs.upper, fc.upper);
@@ -240,6 +240,18 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   EXPECT_EQ(q.h2d_bytes, w.bytes() + uint64_t(K * K) * 4 + uint64_t(K) * (8 + 8 + 4 + 1 + 4) + 5 * 4);
   EXPECT_LE(small->device_memory().peak, small->device_memory().budget);
 
+  // Room for H and a staging panel, not for U beside H: the factor is made on the device all the same (U
+  // is narrowed to float32 in H's own memory), and sweeps there.
+  auto snug = emulated(1200 << 10);
+  const GptqFactor fn = snug->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  EXPECT_FALSE(op(*snug, "gptq_factor").host_fallback);
+  ASSERT_TRUE(fn.upper_resident);
+  QuantResult on_device;
+  snug->gptq_quantize(w.m, spec, fn, options(128), on_device);
+  EXPECT_FALSE(op(*snug, "gptq_quantize").host_fallback);
+  expect_same(want, on_device);
+  EXPECT_LE(snug->device_memory().peak, snug->device_memory().budget);
+
   auto tiny = emulated(200 << 10);  // not even U fits
   QuantResult host;
   tiny->gptq_quantize(w.m, spec, fc, options(128), host);
@@ -249,7 +261,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   // A device factor, then too little left beside it for one chunk of the sweep (two Cholesky factors
   // kept on the device hold the rest; lazy batches of K make each column's batch buffers larger): the
   // host sweeps, with U brought back from the device.
-  auto held = emulated(1536 << 10);
+  auto held = emulated(1920 << 10);
   const GptqFactor fd = held->gptq_factor(gram.data(), K, nullptr, 0.01, true);
   ASSERT_TRUE(fd.upper_resident);
   std::vector<GramFactor> holds;

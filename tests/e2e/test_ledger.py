@@ -272,14 +272,14 @@ def shaped_7b(tmp_path_factory):
 
 @pytest.mark.slow
 @BIG
-@pytest.mark.parametrize("algo", ["rtn_dq", "awq_lite", "awq_clip", "gptq"])
+@pytest.mark.parametrize("algo", ["rtn_dq", "hqq", "awq_lite", "awq_clip", "gptq"])
 @pytest.mark.parametrize("budget_gib", [1, 8])
 def test_7b_shaped_within_the_budget(nibble, shaped_7b, tmp_path, algo, budget_gib):
     """1 GiB: the peak stays within it (what does not fit goes up again: awq_lite's MLP weights for its
     quantizer, GPTQ's K = 11008 factor is made on the host). 8 GiB, room for every statistic: the ledger's
     bounds as on the small model."""
     out, report = str(tmp_path / "model.onnx"), str(tmp_path / "r.json")
-    calib = [] if algo == "rtn_dq" else ["--use_random_calib", "--calib_size", "2", "--calib_seq_len", "16",
+    calib = [] if algo in ("rtn_dq", "hqq") else ["--use_random_calib", "--calib_size", "2", "--calib_seq_len", "16",
                                          "--calibration_eps", "cpu", "--awqlite_alpha_step", "0.5"]
     res = nibble.run("quantize", "--onnx_path", shaped_7b, "--output_path", out, "--algo", algo, *calib, "--device",
                      "cuda_emulated", "--device_memory", f"{budget_gib}GiB", "--report", report, "--force",

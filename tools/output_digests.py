@@ -30,6 +30,8 @@ RUNS = {
     "gptq": ["--algo", "gptq"],
     "gptq_zp_act": ["--algo", "gptq", "--use_zero_point", "--gptq_act_order"],
     "awq_gptq": ["--algo", "awq_gptq"],
+    "gptq_zp_mnb": ["--algo", "gptq", "--use_zero_point", "--format", "matmulnbits"],
+    "awq_gptq_mnb": ["--algo", "awq_gptq", "--format", "matmulnbits"],
     "hqq": ["--algo", "hqq"],
     "hqq_mnb": ["--algo", "hqq", "--format", "matmulnbits"],
 }

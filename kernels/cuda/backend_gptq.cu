@@ -252,7 +252,14 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
   }
   const uint64_t fixed = (kept(f.upper_resident) ? 0 : FactorLayout(K, Placement::kUploaded).bytes) + uint64_t(K) * 4 +
                          uint64_t(sw.R) * 4 + uint64_t(num_blocks(N, kChunk) + 1) * 8;
-  const int64_t width = gptq_width(w, spec, sw, fixed);
+  // MatMulNBits: the result stays on the device for the packings (allocated first, the panels beside it)
+  // where one chunk of the sweep still fits beside it; else it comes back as ever.
+  QuantSpec where = spec;
+  int64_t width = gptq_width(w, spec, sw, fixed + result_bytes(w, spec));
+  if (width == 0 && result_bytes(w, spec)) {
+    where.keep_on_backend = false;
+    width = gptq_width(w, spec, sw, fixed);
+  }
   if (width == 0)
     // Not even one chunk of columns fits beside U: the CPU sweeps it (U comes back if only the device has it).
     return on_host("gptq_quantize", [&](Backend& h) {
@@ -262,23 +269,26 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
     });
   const OpScope op(*dev_, "gptq_quantize");
   dev_->count_flops(double(K) * double(K) * double(N));  // the updates: K² N over the triangle
+  std::shared_ptr<DeviceResult> kept_result = result_buffers(w, where);
   sw.arr = gptq_arrays(f);
   sw.fix = upload(fix.data(), fix.size());
   sw.ratios = upload(opt.ratios.data(), opt.ratios.size());
-  gptq_panels(w, spec, sw, width, out);
+  gptq_panels(w, spec, sw, width, kept_result, out);
 }
 
 void CudaBackend::gptq_panels(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, int64_t width,
-                              QuantResult& out) {
+                              std::shared_ptr<DeviceResult> kept_result, QuantResult& out) {
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
-  out.codes.assign(size_t(w.rows * w.cols), 0);
-  out.scales.assign(size_t(G * N), 0.0f);
-  out.zero_points.assign(spec.zero_point ? size_t(G * N) : 0, 0);
+  const bool back = !kept_result;  // else the panels' results go into the kept one, on the device
+  out.codes.assign(back ? size_t(w.rows * w.cols) : 0, 0);
+  out.scales.assign(back ? size_t(G * N) : 0, 0.0f);
+  out.zero_points.assign(spec.zero_point && back ? size_t(G * N) : 0, 0);
   // 16-bit scales come back in their type; 4-bit codes packed (panels of whole chunks are whole bytes).
   const int st = sw.shape.scale_dtype;
-  HostQuant h{out, std::vector<uint16_t>(st == hd::kF16 || st == hd::kBF16 ? size_t(G * N) : 0), {}};
-  const bool packed = spec.bits == 4 && (w.k_axis == 1 || N % 2 == 0);
+  HostQuant h{out, std::vector<uint16_t>(back && (st == hd::kF16 || st == hd::kBF16) ? size_t(G * N) : 0), {},
+              kept_result.get()};
+  const bool packed = back && spec.bits == 4 && (w.k_axis == 1 || N % 2 == 0);
   out.packed.assign(packed ? size_t((w.rows * w.cols + 1) / 2) : 0, 0);
   const int64_t chunks = num_blocks(N, kChunk);
   DeviceBuffer<double> chunk_error(*dev_, size_t(chunks));
@@ -305,6 +315,7 @@ void CudaBackend::gptq_panels(const WeightMatrix& w, const QuantSpec& spec, cons
   DeviceBuffer<double> total(*dev_, 1);  // the chunks' sums in order, as the CPU adds them
   launch(*dev_, 1, RowSumBody{chunk_error.get(), chunks, total.get()});
   out.sq_error = download(total)[0];
+  out.resident = std::move(kept_result);
 }
 
 GptqFactor CudaBackend::gptq_host_factor(const GptqFactor& f) {

@@ -175,8 +175,10 @@ class CudaBackend final : public Backend {
     DeviceBuffer<double> err_n;  // per column [N], on the device: only their sum comes back
     DeviceResult* kept = nullptr;  // the result stays on the device (QuantSpec::keep_on_backend)
   };
-  // The whole result's arrays on the device when the spec asks to keep it and they fit (else null).
+  // The whole result's arrays on the device when the spec asks to keep it and they fit (else null), and
+  // their bytes (0 where result_buffers would give null).
   std::shared_ptr<DeviceResult> result_buffers(const WeightMatrix& w, const QuantSpec& spec);
+  uint64_t result_bytes(const WeightMatrix& w, const QuantSpec& spec) const;
   // A panel's codes, scales and zero points into the kept result's arrays (on the device, not in the ledger).
   void store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
                    DeviceResult& r);
@@ -217,7 +219,9 @@ class CudaBackend final : public Backend {
   void gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s, double damp, double* h);
   void upper_in_place(double* a, int64_t K);
   int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;
-  void gptq_panels(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, int64_t width, QuantResult& out);
+  // The sweep's column panels; their results go into `kept_result` where it is given (it becomes out.resident).
+  void gptq_panels(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, int64_t width,
+                   std::shared_ptr<DeviceResult> kept_result, QuantResult& out);
   void gptq_panel(const GptqSweep& sw, const WeightMatrix& w, const Panel& pnl, DeviceQuant& q, double* chunk_error);
   GptqFactor gptq_host_factor(const GptqFactor& f);
 

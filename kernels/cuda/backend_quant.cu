@@ -125,12 +125,18 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
   }
 }
 
-std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w, const QuantSpec& spec) {
-  if (!spec.keep_on_backend) return {};
+uint64_t CudaBackend::result_bytes(const WeightMatrix& w, const QuantSpec& spec) const {
+  if (!spec.keep_on_backend) return 0;
   const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
   const uint64_t bytes = uint64_t(n) + uint64_t(GN) * (4 + (spec.zero_point ? 1 : 0));
   // Half the budget at most with what is held (as keep()): the panels that compute it need the rest.
-  if (dev_->in_use_live() + bytes + 16 * 1024 > dev_->budget() / 2) return {};  // comes back as ever
+  if (dev_->in_use_live() + bytes + 16 * 1024 > dev_->budget() / 2) return 0;  // comes back as ever
+  return bytes;
+}
+
+std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w, const QuantSpec& spec) {
+  if (!result_bytes(w, spec)) return {};
+  const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
   auto r = std::make_shared<DeviceResult>();
   r->owner = this;
   r->codes = DeviceBuffer<uint8_t>(*dev_, size_t(n));

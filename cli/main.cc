@@ -18,6 +18,7 @@
 #include "host/text.h"
 #include "host/run/pipeline.h"
 #include "cli/blas_startup.h"
+#include "cli/heap_startup.h"
 #include "loaders/error.h"
 
 namespace {
@@ -332,6 +333,7 @@ int run_inspect_command(InspectArgs& a) {
 
 int main(int argc, char** argv) {
   nibble::reexec_for_better_blas(argv);  // before anything else is done twice
+  nibble::keep_freed_buffers_for_reuse();
   auto logger = spdlog::stderr_color_st("nibble");
   logger->set_pattern("[%T] %^%l%$ %v");
   spdlog::set_default_logger(logger);

@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/hqq_fit.h"
+#include "kernels/lsq_grid.h"
 
 namespace nibble::kernels::fit {
 
@@ -85,29 +86,12 @@ inline double lsq_scale_at(const float* x, const float* w, int64_t n, float isca
   return b > 0 ? a / b : 0.0;
 }
 
-// The weighted squared error of symmetric RTN at scale s in float arithmetic: it ranks the candidates
-// (the dtype's own rounding is left to block_error, which makes the final choice).
-inline double sym_error_at(const float* x, const float* w, int64_t n, float s, float lo, float hi) {
-  float e[kLanes] = {};
-  auto add = [&](int64_t k, int j) {
-    const float d = x[k] - std::clamp(fast_rint(x[k] / s), lo, hi) * s;
-    e[j] += w[k] * d * d;
-  };
-  int64_t k0 = 0;
-  for (; k0 + kLanes <= n; k0 += kLanes)
-    for (int j = 0; j < kLanes; ++j) add(k0 + j, j);
-  for (int j = 0; k0 + j < n; ++j) add(k0 + j, j);
-  double t = 0;
-  for (int j = 0; j < kLanes; ++j) t += e[j];
-  return t;
-}
-
 // Symmetric, 2^b levels. Start from the grid that puts the block's signed extreme m on code -2^(b-1)
-// (s = m / -2^(b-1), ONNX Runtime's RTN). Candidates, as llama.cpp's make_qx_quants: for inverse
-// scales around -2^(b-1) / m, and (the other sign) around (2^(b-1) - 1) / m, round the block to l and
-// fit s = Σ w·x·l / Σ w·l² (weighted least squares). The candidate whose fitted scale gives the
-// smallest weighted error is tried, then the best so far is refined: re-fit on its codes while the error
-// falls.
+// (s = m / -2^(b-1), ONNX Runtime's RTN). Candidates, as llama.cpp's make_qx_quants, at inverse scales
+// around -2^(b-1) / m and (the other sign) around (2^(b-1) - 1) / m, but on a fine grid whose every
+// point's exact weighted RTN error comes from one pass over the block (kernels/lsq_grid.h). The best grid
+// point's scale is tried, then the least-squares scale of its codes (Σ w·x·l / Σ w·l²), then the best so
+// far is refined: re-fit on its codes while the error falls.
 // Every scale is rounded to the scale type and scored by block_error on RTN codes, the codes written.
 inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, DType st, const RtnSearchOptions& o) {
   const float nmax = float(1 << (bits - 1)), lo = -nmax, hi = nmax - 1.0f;
@@ -125,19 +109,8 @@ inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, D
   const float* w = importances(x, n, o.weight);
   const double rms = block_rms(x, n);
   double best_err = block_error(x, n, best, bits, false, t, o.weight, rms);
-  auto usable = [&](double sc) { return std::fabs(round_to(st, float(sc))) >= min_scale(st); };
-  const float step = 0.1f * nmax / 8.0f;  // llama.cpp's 0.1 of 8 levels, the same relative step at 8 bits
-  double cand = 0, cand_err = INFINITY;
-  for (const float edge : {-nmax, hi})
-    for (int i = -o.steps; i <= o.steps; ++i) {
-      const float iscale = (edge + std::copysign(step, edge) * float(i)) / m;
-      const double sc = lsq_scale_at(x, w, n, iscale, lo, hi);
-      if (!usable(sc)) continue;
-      const double e = sym_error_at(x, w, n, round_to(st, float(sc)), lo, hi);
-      if (e < cand_err) cand_err = e, cand = sc;
-    }
   auto consider = [&](double sc) {
-    if (!usable(sc)) return false;
+    if (!(std::fabs(round_to(st, float(sc))) >= min_scale(st))) return false;
     BlockParams p;
     p.scale = round_to(st, float(sc));
     const double e = block_error(x, n, p, bits, false, t, o.weight, rms);
@@ -145,7 +118,11 @@ inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, D
     best_err = e, best = p;
     return true;
   };
-  consider(cand);
+  const lsq_grid::Pick pick = lsq_grid::search(x, w, int(n), m, amax, bits, o.steps);
+  if (pick.found) {
+    consider(pick.grid_scale);
+    consider(pick.lsq_scale);
+  }
   for (int it = 0; it < 8 && consider(lsq_scale_at(x, w, n, 1.0f / best.scale, lo, hi)); ++it) {
   }
   return best;

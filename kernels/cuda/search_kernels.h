@@ -11,6 +11,7 @@
 // is float. Registers: a thread holds the block's running sums, never the block.
 #pragma once
 #include "kernels/cuda/rtn_kernels.h"
+#include "kernels/lsq_grid.h"
 
 // Unrolled on the GPU, so that the lane arrays index statically and stay in registers.
 #ifdef __CUDA_ARCH__  // the device pass only: the host compiler knows no such pragma
@@ -87,21 +88,13 @@ NIBBLE_HD inline double scale_at(const Block& x, int how, double rms, float isca
   return b > 0 ? a / b : 0.0;
 }
 
-NIBBLE_HD inline double sym_error_at(const Block& x, int how, double rms, float s, float lo, float hi) {
-  float e[kLanes] = {};
-  for (int k0 = 0; k0 < x.n; k0 += kLanes) {
-    NIBBLE_UNROLL
-    for (int j = 0; j < kLanes; ++j) {
-      if (k0 + j >= x.n) break;
-      const float v = x[k0 + j], w = weight_of(how, v, rms);
-      const float d = v - hd::clamp(fast_rint(v / s), lo, hi) * s;
-      e[j] += w * d * d;
-    }
-  }
-  double t = 0;
-  for (int j = 0; j < kLanes; ++j) t += e[j];
-  return t;
-}
+// The block's importances, element by element (the CPU's per-thread array of them, recomputed).
+struct Importances {
+  const Block& x;
+  int how;
+  double rms;
+  NIBBLE_HD float operator[](int k) const { return weight_of(how, x[k], rms); }
+};
 
 // The reference's consider(sc): the scale sc rounded to the scale type replaces best when it is usable
 // and lowers the block's error.
@@ -132,19 +125,11 @@ NIBBLE_HD inline hd::Params symmetric(const Block& x, int bits, int t, int st, i
   best.scale = hd::fabs(s0) < smin ? copysign(smin, -m) : s0;
   const double rms = block_rms(x);
   double best_err = block_error(x, best, bits, false, t, how, rms);
-  const float step = 0.1f * nmax / 8.0f;
-  double cand = 0, cand_err = INFINITY;
-  for (int side = 0; side < 2; ++side) {
-    const float edge = side == 0 ? -nmax : hi;
-    for (int i = -steps; i <= steps; ++i) {
-      const float iscale = (edge + copysign(step, edge) * float(i)) / m;
-      const double sc = scale_at(x, how, rms, iscale, lo, hi);
-      if (!(hd::fabs(hd::round_to(st, float(sc))) >= smin)) continue;
-      const double e = sym_error_at(x, how, rms, hd::round_to(st, float(sc)), lo, hi);
-      if (e < cand_err) cand_err = e, cand = sc;
-    }
+  const lsq_grid::Pick pick = lsq_grid::search(x, Importances{x, how, rms}, x.n, m, amax, bits, steps);
+  if (pick.found) {
+    consider(x, pick.grid_scale, bits, t, st, how, rms, best, best_err);
+    consider(x, pick.lsq_scale, bits, t, st, how, rms, best, best_err);
   }
-  consider(x, cand, bits, t, st, how, rms, best, best_err);
   for (int it = 0; it < 8 && consider(x, scale_at(x, how, rms, 1.0f / best.scale, lo, hi), bits, t, st, how, rms,
                                       best, best_err);
        ++it) {

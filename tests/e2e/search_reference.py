@@ -6,9 +6,12 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
   importance of each element: w = rms(block) + |x|  (llama.cpp's k-quant weighting)
   rtn_lsq, symmetric:
       m = the block's signed extreme (first largest |x|);  start s0 = m / -8, best = s0
-      candidates, for edge e in (-8, 7) and i in -9..9: l = clip(rint((e + 0.1·sign(e)·i) / m · x), -8, 7);
-        s = Σ w·x·l / Σ w·l²  (float32);  ranked by Σ w·(x - clip(rint(x / s), -8, 7)·s)²
-      the best-ranked s replaces best if its error is smaller; then, up to 8 times and while it lowers the
+      candidates: for each side (the extreme on code -8, or on +7) a grid of 64 inverse scales
+        v_i / m, |v_i| from |edge| - 0.9 to |edge| + 0.9; a grid point's codes are clip(rint(v_i/m · x))
+        and its rank the exact error Σ w·(x - s_i·l)² at s_i = m / v_i. Scored: the 8 points
+        0, 9, .., 63, then the best of those ± 1..4; the best point overall gives two scales: s_i itself,
+        then the least-squares fit of its codes Σ w·x·l / Σ w·l², each kept where it lowers the error
+      then, up to 8 times and while it lowers the
         error, best = the least-squares fit of best's codes  (l = clip(rint(x · (1/best)), -8, 7))
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
@@ -19,7 +22,9 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
       rounded to the model's float type T; codes clip(rint(x / s + z), 0, 15) in float32 from those
       rounded values; the weight is (codes - z) · s
 
-The candidates' fits and ranks are summed as nibble sums them (float32 lanes, see _lane_sum); the other
+The grid's sums are float32 in element order and its ranks float64 (as nibble computes them, so its
+choices are nibble's bit for bit); the refits are summed as nibble sums them (float32 lanes, see
+_lane_sum); the other
 sums are numpy's (pairwise), nibble's sequential in float64, and nibble's power is its own
 (kernels/hd_pow.h: computed in double and rounded to float once, the same bits on the CPU and on a GPU),
 not numpy's float32 power: a near-tie may go the other way in a rare block, which the test bounds.
@@ -79,12 +84,70 @@ def _lsq_fit(x, w, iscale):
     return np.where(sll > 0, sxl / np.where(sll > 0, sll, 1), 0).astype(f32)
 
 
-def _rank_err(x, w, s):
-    """The float32 error that ranks the candidates (inf where the scale is unusable)."""
-    ok = np.abs(s) >= f32(1e-5)
-    ss = np.where(ok, s, 1).astype(f32)[:, None]
-    d = (x - (np.clip(np.rint((x / ss).astype(f32)), -8, 7) * ss).astype(f32)).astype(f32)
-    return np.where(ok, _lane_sum(w * d * d), np.inf)
+def _grid_pick(x, w, m, steps=9):
+    """The grid search: per block (grid scale, least-squares scale of its codes), NaN where none."""
+    B_, n = x.shape
+    amax = np.abs(m).astype(f32)
+    inv = (f32(1) / amax).astype(f32)
+    best_score = np.full(B_, np.inf)
+    pick_s, pick_l = np.full(B_, np.nan, dtype=f32), np.full(B_, np.nan)
+    step = f32(f32(f32(0.1) * f32(8)) / f32(8))
+    for side, edge in ((0, f32(8)), (1, f32(7))):
+        v0 = f32(edge - f32(step * f32(steps)))
+        delta = f32(f32(f32(f32(2) * step) * f32(steps)) / f32(63))
+        inv_delta = f32(f32(1) / delta)
+        same = (x < 0) == (m < 0)[:, None]
+        cap = np.where(same, f32(8) if side == 0 else f32(7), f32(7) if side == 0 else f32(8)).astype(f32)
+        sign = np.where((m < 0) == (side == 0), f32(1), f32(-1)).astype(f32)
+        ax = np.abs(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = (ax * inv[:, None]).astype(f32)
+            q = (amax[:, None] / ax).astype(f32)
+            near = np.rint((v0 * r).astype(f32)).astype(f32)
+            l0 = np.where(near < cap, near, cap).astype(f32)
+            j2 = (l0 + f32(1)).astype(f32)
+            t1 = (((l0 + f32(0.5)).astype(f32) * q - v0).astype(f32) * inv_delta).astype(f32)
+            t2 = (((j2 + f32(0.5)).astype(f32) * q - v0).astype(f32) * inv_delta).astype(f32)
+        at1 = np.where(l0 < cap, t1, np.inf).astype(f32)
+        at2 = np.where(j2 < cap, t2, np.inf).astype(f32)
+        a = (w * ax).astype(f32)
+        c0 = ((w * l0).astype(f32) * l0).astype(f32)
+        dc1 = (w * (f32(2) * l0 + f32(1)).astype(f32)).astype(f32)
+        dc2 = (w * (f32(2) * j2 + f32(1)).astype(f32)).astype(f32)
+        b, c = np.zeros(B_, dtype=f32), np.zeros(B_, dtype=f32)
+        for k in range(n):
+            b = (b + (a[:, k] * l0[:, k]).astype(f32)).astype(f32)
+            c = (c + c0[:, k]).astype(f32)
+
+        def score_pass(pt):  # pt [B, 8] float32 grid positions -> index of the pass's best point
+            Bp, Cp = np.zeros((B_, 8), dtype=f32), np.zeros((B_, 8), dtype=f32)
+            for k in range(n):
+                m1, m2 = at1[:, k:k + 1] <= pt, at2[:, k:k + 1] <= pt
+                Bp = np.where(m1, Bp + a[:, k:k + 1], Bp).astype(f32)
+                Cp = np.where(m1, Cp + dc1[:, k:k + 1], Cp).astype(f32)
+                Bp = np.where(m2, Bp + a[:, k:k + 1], Bp).astype(f32)
+                Cp = np.where(m2, Cp + dc2[:, k:k + 1], Cp).astype(f32)
+            at, pass_best = pt[:, 0].copy(), np.full(B_, np.inf)
+            for p in range(8):
+                bb, cc = (b + Bp[:, p]).astype(f32), (c + Cp[:, p]).astype(f32)
+                s = (amax / (v0 + (delta * pt[:, p]).astype(f32)).astype(f32)).astype(f32)
+                sd = s.astype(np.float64)
+                score = sd * (sd * cc.astype(np.float64) - 2.0 * bb.astype(np.float64))
+                has = cc > 0
+                better = has & ((pass_best == np.inf) | (score < pass_best))
+                pass_best, at = np.where(better, score, pass_best), np.where(better, pt[:, p], at)
+                take = has & ((best_score == np.inf) | (score < best_score))
+                best_score[:] = np.where(take, score, best_score)
+                pick_s[:] = np.where(take, (sign * s).astype(f32), pick_s)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    lsq = sign.astype(np.float64) * (bb.astype(np.float64) / cc.astype(np.float64))
+                pick_l[:] = np.where(take, lsq, pick_l)
+            return at
+
+        centre = score_pass(np.tile(np.arange(0, 64, 9, dtype=f32), (B_, 1)))
+        offs = np.array([-4, -3, -2, -1, 1, 2, 3, 4], dtype=f32)
+        score_pass(np.clip(centre[:, None] + offs, f32(0), f32(63)).astype(f32))
+    return pick_s, pick_l
 
 
 def lsq_symmetric(x: np.ndarray, steps: int = 9):
@@ -96,16 +159,13 @@ def lsq_symmetric(x: np.ndarray, steps: int = 9):
     err = lambda s: np.where(usable(s), _sq_err(x, _rtn_sym(x, np.where(usable(s), s, 1)), s, imp=imp), np.inf)  # noqa: E731
     best = (m / f32(-8)).astype(f32)
     best_err = err(best)
-    cand, cand_err = np.zeros_like(best), np.full(x.shape[0], np.inf)
-    step = f32(f32(0.1) * f32(8)) / f32(8)
-    for edge in (f32(-8), f32(7)):
-        for i in range(-steps, steps + 1):
-            s = _lsq_fit(x, w, ((edge + np.copysign(step, edge) * f32(i)) / m).astype(f32))
-            e = _rank_err(x, w, s)
-            cand, cand_err = np.where(e < cand_err, s, cand), np.minimum(e, cand_err)
-    e = err(cand)
-    take = e < best_err
-    best, best_err = np.where(take, cand, best), np.where(take, e, best_err)
+    grid_s, grid_l = _grid_pick(x, w, m, steps)
+    for cand in (grid_s, grid_l.astype(f32)):
+        found = ~np.isnan(cand)
+        cand = np.where(found, cand, f32(0)).astype(f32)
+        e = np.where(found, err(cand), np.inf)
+        take = e < best_err
+        best, best_err = np.where(take, cand, best), np.where(take, e, best_err)
     active = np.ones(x.shape[0], dtype=bool)
     for _ in range(8):
         cand = _lsq_fit(x, w, (f32(1) / best).astype(f32))

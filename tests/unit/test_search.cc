@@ -9,6 +9,7 @@
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/cpu/search_fast.h"
 #include "kernels/cpu/search_ref.h"
+#include "kernels/lsq_grid.h"
 #include "kernels/parallel.h"
 
 using namespace nibble;
@@ -110,6 +111,39 @@ TEST(Search, LsqNeverWorseThanItsStartAndBeatsModelOptsGrid) {
     EXPECT_LE(fit::block_error(x.data(), 128, got, 4, false, DType::kFloat32, FitWeight::kUniform, 0),
               fit::block_error(x.data(), 128, start, 4, false, DType::kFloat32, FitWeight::kUniform, 0));
   }
+}
+
+// The grid search's premise: an element's code magnitude at grid point i, l0 plus its steps at
+// positions <= i, is RTN's clamp(rint(|v_i| · |x| / amax)) at every point of both families (exact
+// ties aside, where float rounding may go either way).
+TEST(Search, GridStepsAreRtnCodesAtEveryGridPoint) {
+  const TestWeight tw = make_weight(DType::kFloat32, 128, 64, 0, 21);
+  int64_t checked = 0, differ = 0;
+  for (int64_t n = 0; n < 64; ++n) {
+    std::vector<float> x(128);
+    float m = 0, amax = 0;
+    for (int64_t k = 0; k < 128; ++k) {
+      x[size_t(k)] = tw.f32[size_t(k * 64 + n)];
+      if (std::fabs(x[size_t(k)]) > amax) amax = std::fabs(x[size_t(k)]), m = x[size_t(k)];
+    }
+    for (int side = 0; side < 2; ++side) {
+      const lsq_grid::Family f = lsq_grid::family(side, 4, 9);
+      for (float v : x) {
+        const lsq_grid::Element e = lsq_grid::element(f, v, 1.0f, amax, 1.0f / amax, (v < 0) == (m < 0));
+        const float cap = (v < 0) == (m < 0) ? f.cap_same : f.cap_other;
+        for (int i = 0; i < lsq_grid::kGrid; ++i) {
+          const double vi = double(f.v0) + double(f.delta) * i, t = vi * std::fabs(double(v)) / double(amax);
+          if (std::fabs(t - std::floor(t) - 0.5) < 1e-5) continue;  // a tie: float rounding may go either way
+          const double rtn = std::min(double(cap), std::nearbyint(t));
+          const double grid = e.l0 + (e.at1 <= float(i) ? 1 : 0) + (e.at2 <= float(i) ? 1 : 0);
+          ++checked;
+          differ += rtn != grid;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000000);
+  EXPECT_EQ(differ, 0);
 }
 
 // The codes are RTN's under the written scale and zero point: re-quantizing reproduces them.

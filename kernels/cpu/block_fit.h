@@ -113,6 +113,7 @@ inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, D
     if (!(std::fabs(round_to(st, float(sc))) >= min_scale(st))) return false;
     BlockParams p;
     p.scale = round_to(st, float(sc));
+    if (p.scale == best.scale) return false;  // it would score best_err again, not below it
     const double e = block_error(x, n, p, bits, false, t, o.weight, rms);
     if (!(e < best_err)) return false;
     best_err = e, best = p;

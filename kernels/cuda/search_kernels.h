@@ -102,6 +102,7 @@ NIBBLE_HD inline bool consider(const Block& x, double sc, int bits, int t, int s
                                hd::Params& best, double& best_err) {
   if (!(hd::fabs(hd::round_to(st, float(sc))) >= hd::min_scale(st))) return false;
   const hd::Params p{hd::round_to(st, float(sc)), 0};
+  if (p.scale == best.scale) return false;  // it would score best_err again, not below it
   const double e = block_error(x, p, bits, false, t, how, rms);
   if (!(e < best_err)) return false;
   best_err = e, best = p;

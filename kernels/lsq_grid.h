@@ -84,9 +84,9 @@ struct Best {
 };
 
 // One pass: the sums of kPoints grid points pt[] (in element order; the codes' sums at v0 added
-// after), each point scored into `best` in order; returns the index in pt of the pass's best point.
+// after), each point scored into `best` in order; returns the pass's best point (pt[0] if none).
 template <class X, class W>
-NIBBLE_HD int score_pass(const X& x, const W& w, int n, const Family& f, float m, float amax, float sign,
+NIBBLE_HD float score_pass(const X& x, const W& w, int n, const Family& f, float m, float amax, float sign,
                          const float* pt, Best& best) {
   const float inv = 1.0f / amax;
   float b = 0, c = 0, B[kPoints] = {}, C[kPoints] = {};
@@ -100,7 +100,7 @@ NIBBLE_HD int score_pass(const X& x, const W& w, int n, const Family& f, float m
       if (e.at2 <= pt[p]) B[p] += e.a, C[p] += e.dc2;
     }
   }
-  int at = 0;
+  float at = pt[0];  // a position, not an index: on a GPU a dynamic index would put pt in local memory
   bool pass_found = false;
   double pass_best = 0;
   for (int p = 0; p < kPoints; ++p) {
@@ -108,7 +108,7 @@ NIBBLE_HD int score_pass(const X& x, const W& w, int n, const Family& f, float m
     if (!(cc > 0.0f)) continue;
     const float s = amax / (f.v0 + f.delta * pt[p]);
     const double score = double(s) * (double(s) * double(cc) - 2.0 * double(bb));
-    if (!pass_found || score < pass_best) pass_found = true, pass_best = score, at = p;
+    if (!pass_found || score < pass_best) pass_found = true, pass_best = score, at = pt[p];
     if (best.take(score)) {
       best.score = score, best.pick.found = true;
       best.pick.grid_scale = sign * s;
@@ -129,7 +129,7 @@ NIBBLE_HD Pick search(const X& x, const W& w, int n, float m, float amax, int bi
     const float sign = (m < 0.0f) == (side == 0) ? 1.0f : -1.0f;
     float pt[kPoints];
     for (int p = 0; p < kPoints; ++p) pt[p] = float(kCoarse * p);
-    const float centre = pt[score_pass(x, w, n, f, m, amax, sign, pt, best)];
+    const float centre = score_pass(x, w, n, f, m, amax, sign, pt, best);
     for (int p = 0; p < kPoints; ++p) {
       const float off = float(p < kFine ? p - kFine : p - kFine + 1);  // -4 .. -1, 1 .. 4
       pt[p] = hd::min(hd::max(centre + off, 0.0f), float(kGrid - 1));

@@ -21,6 +21,20 @@ TEST(Pack, OnnxInt4LowNibbleFirst) {
   EXPECT_EQ(pack_onnx(codes, 8), codes);
 }
 
+// Packed in chunks across threads: every byte as the pairwise rule gives it, across chunk edges and an odd tail.
+TEST(Pack, OnnxInt4LargeOddCountAcrossChunks) {
+  std::mt19937 rng(5);
+  std::vector<uint8_t> codes(size_t(3) * (size_t(1) << 21) + 7);
+  for (auto& c : codes) c = uint8_t(rng());
+  const std::vector<uint8_t> got = pack_onnx(codes, 4);
+  ASSERT_EQ(got.size(), (codes.size() + 1) / 2);
+  size_t differ = 0;
+  for (size_t i = 0; i + 1 < codes.size(); i += 2)
+    differ += got[i / 2] != uint8_t((codes[i] & 0x0f) | (codes[i + 1] << 4));
+  EXPECT_EQ(differ, 0u);
+  EXPECT_EQ(got.back(), codes.back() & 0x0f);
+}
+
 TEST(Pack, MatMulNBitsSymmetric) {
   // K = 20, N = 2, block 16 -> G = 2, blob 8 bytes; stored [K, N].
   const int64_t K = 20, N = 2;

@@ -10,8 +10,8 @@
 // element gives. So every point of a fine grid of |v| (kGrid points per sign family) has its codes'
 // sums B = Σ w·|x|·|l| and C = Σ w·l² from a comparison and a masked add per element and point, in
 // registers, and so its exact weighted RTN error, Σ w·x² - 2·s·B + s²·C at the grid's scale s. A pass
-// scores kPoints points: a coarse pass over the whole grid, then a fine pass around its best, per family.
-// (The search this replaced re-rounded the whole block twice per candidate: 76 passes, not 4.)
+// scores kPoints points: a coarse pass over the whole grid of each family, then one fine pass around
+// the best point, in its family: 3 passes per block.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -23,7 +23,7 @@ namespace nibble::kernels::lsq_grid {
 constexpr int kGrid = 64;    // grid points per sign family: |v| = v0 + delta·i, i in [0, kGrid)
 constexpr int kPoints = 8;   // points scored per pass over the block
 constexpr int kCoarse = 9;   // the coarse pass's spacing: i = 0, 9, ..., 63
-constexpr int kFine = 4;     // the fine pass: the coarse best's i ± 1 .. ± kFine
+constexpr int kFine = 4;     // the fine pass: the coarse best's i ± 1 .. ± kFine, in the best's family
 static_assert(kCoarse * (kPoints - 1) == kGrid - 1 && 2 * kFine == kPoints, "the passes cover the grid");
 
 // What the search found: the best grid point's scale and the least-squares scale of its codes
@@ -76,18 +76,20 @@ NIBBLE_HD inline Element element(const Family& f, float x, float w, float amax, 
   return e;
 }
 
-// The best so far, over points and families (scores leave out Σ w·x², the same for every point).
+// The best so far, over points and families (scores leave out Σ w·x², the same for every point), and
+// its grid position.
 struct Best {
   Pick pick;
   double score = 0;
+  float at = 0;
   NIBBLE_HD bool take(double s) const { return !pick.found || s < score; }
 };
 
 // One pass: the sums of kPoints grid points pt[] (in element order; the codes' sums at v0 added
-// after), each point scored into `best` in order; returns the pass's best point (pt[0] if none).
+// after), each point scored into `best` in order.
 template <class X, class W>
-NIBBLE_HD float score_pass(const X& x, const W& w, int n, const Family& f, float m, float amax, float sign,
-                         const float* pt, Best& best) {
+NIBBLE_HD void score_pass(const X& x, const W& w, int n, const Family& f, float m, float amax, float sign,
+                          const float* pt, Best& best) {
   const float inv = 1.0f / amax;
   float b = 0, c = 0, B[kPoints] = {}, C[kPoints] = {};
   for (int k = 0; k < n; ++k) {
@@ -100,42 +102,41 @@ NIBBLE_HD float score_pass(const X& x, const W& w, int n, const Family& f, float
       if (e.at2 <= pt[p]) B[p] += e.a, C[p] += e.dc2;
     }
   }
-  float at = pt[0];  // a position, not an index: on a GPU a dynamic index would put pt in local memory
-  bool pass_found = false;
-  double pass_best = 0;
   for (int p = 0; p < kPoints; ++p) {
     const float bb = b + B[p], cc = c + C[p];
     if (!(cc > 0.0f)) continue;
     const float s = amax / (f.v0 + f.delta * pt[p]);
     const double score = double(s) * (double(s) * double(cc) - 2.0 * double(bb));
-    if (!pass_found || score < pass_best) pass_found = true, pass_best = score, at = pt[p];
     if (best.take(score)) {
-      best.score = score, best.pick.found = true;
+      best.score = score, best.pick.found = true, best.at = pt[p];
       best.pick.grid_scale = sign * s;
       best.pick.lsq_scale = double(sign) * (double(bb) / double(cc));
     }
   }
-  return at;
 }
 
 // The search over both families. `x` and `w` are the block and its importances (anything with [k] ->
 // float); m is the signed extreme and amax = |m| > 0, finite.
 template <class X, class W>
 NIBBLE_HD Pick search(const X& x, const W& w, int n, float m, float amax, int bits, int steps) {
+  // side 0 puts the extreme on a negative code (the scale's sign is -m's), side 1 on a positive one
+  const Family f0 = family(0, bits, steps), f1 = family(1, bits, steps);
+  const float sign0 = m < 0.0f ? 1.0f : -1.0f, sign1 = -sign0;
+  float pt[kPoints];
+  for (int p = 0; p < kPoints; ++p) pt[p] = float(kCoarse * p);
   Best best;
-  for (int side = 0; side < 2; ++side) {
-    const Family f = family(side, bits, steps);
-    // side 0 puts the extreme on a negative code (the scale's sign is -m's), side 1 on a positive one
-    const float sign = (m < 0.0f) == (side == 0) ? 1.0f : -1.0f;
-    float pt[kPoints];
-    for (int p = 0; p < kPoints; ++p) pt[p] = float(kCoarse * p);
-    const float centre = score_pass(x, w, n, f, m, amax, sign, pt, best);
-    for (int p = 0; p < kPoints; ++p) {
-      const float off = float(p < kFine ? p - kFine : p - kFine + 1);  // -4 .. -1, 1 .. 4
-      pt[p] = hd::min(hd::max(centre + off, 0.0f), float(kGrid - 1));
-    }
-    score_pass(x, w, n, f, m, amax, sign, pt, best);
+  score_pass(x, w, n, f0, m, amax, sign0, pt, best);
+  const bool found0 = best.pick.found;
+  const double score0 = best.score;
+  score_pass(x, w, n, f1, m, amax, sign1, pt, best);
+  if (!best.pick.found) return best.pick;
+  const bool in1 = !found0 || best.score < score0;  // the best point is family 1's
+  for (int p = 0; p < kPoints; ++p) {
+    const float off = float(p < kFine ? p - kFine : p - kFine + 1);  // -4 .. -1, 1 .. 4
+    pt[p] = hd::min(hd::max(best.at + off, 0.0f), float(kGrid - 1));
   }
+  // (the family made again, not one of the two picked by reference: on a GPU that put both in local memory)
+  score_pass(x, w, n, family(in1 ? 1 : 0, bits, steps), m, amax, in1 ? sign1 : sign0, pt, best);
   return best.pick;
 }
 

@@ -64,37 +64,16 @@ inline const float* importances(const float* x, int64_t n, FitWeight how) {
   return w.data();
 }
 
-// Sums over kLanes float lanes: loops of this shape vectorize without reassociating flags, and every
-// ISA copy adds the same numbers in the same order.
-constexpr int kLanes = 8;
-
-// Symmetric codes l = clamp(rint(iscale·x), lo, hi) and their weighted least-squares scale
-// s = Σ w·x·l / Σ w·l² (0 when every code is 0).
-inline double lsq_scale_at(const float* x, const float* w, int64_t n, float iscale, float lo, float hi) {
-  float sxl[kLanes] = {}, sll[kLanes] = {};
-  auto add = [&](int64_t k, int j) {
-    const float l = std::clamp(fast_rint(iscale * x[k]), lo, hi);
-    sxl[j] += w[k] * x[k] * l;
-    sll[j] += w[k] * l * l;
-  };
-  int64_t k0 = 0;
-  for (; k0 + kLanes <= n; k0 += kLanes)
-    for (int j = 0; j < kLanes; ++j) add(k0 + j, j);
-  for (int j = 0; k0 + j < n; ++j) add(k0 + j, j);
-  double a = 0, b = 0;
-  for (int j = 0; j < kLanes; ++j) a += sxl[j], b += sll[j];
-  return b > 0 ? a / b : 0.0;
-}
-
 // Symmetric, 2^b levels. Start from the grid that puts the block's signed extreme m on code -2^(b-1)
 // (s = m / -2^(b-1), ONNX Runtime's RTN). Candidates, as llama.cpp's make_qx_quants, at inverse scales
 // around -2^(b-1) / m and (the other sign) around (2^(b-1) - 1) / m, but on a fine grid whose every
 // point's exact weighted RTN error comes from one pass over the block (kernels/lsq_grid.h). The best grid
-// point's scale is tried, then the least-squares scale of its codes (Σ w·x·l / Σ w·l²), then the best so
-// far is refined: re-fit on its codes while the error falls.
-// Every scale is rounded to the scale type and scored by block_error on RTN codes, the codes written.
+// point's codes give the candidate: their least-squares scale Σ w·x·l / Σ w·l², which re-rounding can
+// only improve on (RTN's codes are each element's nearest at that scale), so it is never worse than the
+// grid point's own scale before both are rounded to the scale type. The candidate is rounded to the scale
+// type, scored by block_error on RTN codes (the codes written) and kept where it lowers the start's error.
 inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, DType st, const RtnSearchOptions& o) {
-  const float nmax = float(1 << (bits - 1)), lo = -nmax, hi = nmax - 1.0f;
+  const float nmax = float(1 << (bits - 1));
   float m = 0, amax = 0;
   for (int64_t k = 0; k < n; ++k)
     if (std::fabs(x[k]) > amax) amax = std::fabs(x[k]), m = x[k];
@@ -106,27 +85,15 @@ inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, D
   }
   const float s0 = round_to(st, m / -nmax);
   best.scale = std::fabs(s0) < min_scale(st) ? std::copysign(min_scale(st), -m) : s0;
-  const float* w = importances(x, n, o.weight);
+  const lsq_grid::Pick pick = lsq_grid::search(x, importances(x, n, o.weight), int(n), m, amax, bits, o.steps);
+  BlockParams p;
+  p.scale = round_to(st, float(pick.lsq_scale));
+  // A candidate equal to the start would score the start's error again, not below it.
+  if (!pick.found || !(std::fabs(p.scale) >= min_scale(st)) || p.scale == best.scale) return best;
   const double rms = block_rms(x, n);
-  double best_err = block_error(x, n, best, bits, false, t, o.weight, rms);
-  auto consider = [&](double sc) {
-    if (!(std::fabs(round_to(st, float(sc))) >= min_scale(st))) return false;
-    BlockParams p;
-    p.scale = round_to(st, float(sc));
-    if (p.scale == best.scale) return false;  // it would score best_err again, not below it
-    const double e = block_error(x, n, p, bits, false, t, o.weight, rms);
-    if (!(e < best_err)) return false;
-    best_err = e, best = p;
-    return true;
-  };
-  const lsq_grid::Pick pick = lsq_grid::search(x, w, int(n), m, amax, bits, o.steps);
-  if (pick.found) {
-    consider(pick.grid_scale);
-    consider(pick.lsq_scale);
-  }
-  for (int it = 0; it < 8 && consider(lsq_scale_at(x, w, n, 1.0f / best.scale, lo, hi)); ++it) {
-  }
-  return best;
+  return block_error(x, n, p, bits, false, t, o.weight, rms) < block_error(x, n, best, bits, false, t, o.weight, rms)
+             ? p
+             : best;
 }
 
 // Zero point, 2^b levels over [min(x, 0), max(x, 0)] (0 stays on the grid, as an integer zero point

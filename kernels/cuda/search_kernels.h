@@ -1,11 +1,10 @@
 // Kernel body of rtn_lsq on the device: one thread per (block g, column n), n fastest (coalesced
 // reads of a [K, N] weight). It is kernels/cpu/block_fit.h's lsq_symmetric / lsq_zero_point step for
-// step: the same float lanes (fit::kLanes partial sums, added in the same order), the same double
-// accumulations, the same candidates and the same tie rules, so the codes, scales and zero points are
-// the CPU's bit for bit (checked by backend_check against the reference). Two differences of form,
-// none of value: the block is read from the weight at each pass instead of a copied float array, and
-// each element's importance is recomputed where the CPU keeps a per-thread array of it (the same
-// float(importance(x, rms)) either way).
+// step: the same float sums in the same order, the same double accumulations, the same candidates and
+// the same tie rules, so the codes, scales and zero points are the CPU's bit for bit (checked by
+// backend_check against the reference). Two differences of form, none of value: the block is read from
+// the weight at each pass instead of a copied float array, and each element's importance is recomputed
+// where the CPU keeps a per-thread array of it (the same float(importance(x, rms)) either way).
 //
 // fp64 here: the least-squares sums (as the reference), a few per candidate; the per-element work
 // is float. Registers: a thread holds the block's running sums, never the block.
@@ -13,18 +12,10 @@
 #include "kernels/cuda/rtn_kernels.h"
 #include "kernels/lsq_grid.h"
 
-// Unrolled on the GPU, so that the lane arrays index statically and stay in registers.
-#ifdef __CUDA_ARCH__  // the device pass only: the host compiler knows no such pragma
-#define NIBBLE_UNROLL _Pragma("unroll")
-#else
-#define NIBBLE_UNROLL
-#endif
-
 namespace nibble::kernels::gpu {
 
 namespace lsq {
 
-constexpr int kLanes = 8;  // fit::kLanes
 enum Weight { kUniform = 0, kSquare = 1, kMagnitude = 2 };  // FitWeight's order
 
 NIBBLE_HD inline bool finite(float x) { return x - x == 0.0f; }
@@ -70,24 +61,6 @@ NIBBLE_HD inline double block_error(const Block& x, hd::Params p, int bits, bool
   return e;
 }
 
-// Σ w·x·l / Σ w·l² over the symmetric codes l of inverse scale iscale, in fit::kLanes float lanes.
-NIBBLE_HD inline double scale_at(const Block& x, int how, double rms, float iscale, float lo, float hi) {
-  float sxl[kLanes] = {}, sll[kLanes] = {};
-  for (int k0 = 0; k0 < x.n; k0 += kLanes) {
-    NIBBLE_UNROLL
-    for (int j = 0; j < kLanes; ++j) {  // lane j holds elements k ≡ j (mod kLanes), in order
-      if (k0 + j >= x.n) break;
-      const float v = x[k0 + j], w = weight_of(how, v, rms);
-      const float l = hd::clamp(fast_rint(iscale * v), lo, hi);
-      sxl[j] += w * v * l;
-      sll[j] += w * l * l;
-    }
-  }
-  double a = 0, b = 0;
-  for (int j = 0; j < kLanes; ++j) a += sxl[j], b += sll[j];
-  return b > 0 ? a / b : 0.0;
-}
-
 // The block's importances, element by element (the CPU's per-thread array of them, recomputed).
 struct Importances {
   const Block& x;
@@ -96,22 +69,9 @@ struct Importances {
   NIBBLE_HD float operator[](int k) const { return weight_of(how, x[k], rms); }
 };
 
-// The reference's consider(sc): the scale sc rounded to the scale type replaces best when it is usable
-// and lowers the block's error.
-NIBBLE_HD inline bool consider(const Block& x, double sc, int bits, int t, int st, int how, double rms,
-                               hd::Params& best, double& best_err) {
-  if (!(hd::fabs(hd::round_to(st, float(sc))) >= hd::min_scale(st))) return false;
-  const hd::Params p{hd::round_to(st, float(sc)), 0};
-  if (p.scale == best.scale) return false;  // it would score best_err again, not below it
-  const double e = block_error(x, p, bits, false, t, how, rms);
-  if (!(e < best_err)) return false;
-  best_err = e, best = p;
-  return true;
-}
-
 // fit::lsq_symmetric.
 NIBBLE_HD inline hd::Params symmetric(const Block& x, int bits, int t, int st, int how, int steps) {
-  const float nmax = float(1 << (bits - 1)), lo = -nmax, hi = nmax - 1.0f, smin = hd::min_scale(st);
+  const float nmax = float(1 << (bits - 1)), smin = hd::min_scale(st);
   float m = 0, amax = 0;
   for (int k = 0; k < x.n; ++k) {
     const float v = x[k];
@@ -125,17 +85,10 @@ NIBBLE_HD inline hd::Params symmetric(const Block& x, int bits, int t, int st, i
   const float s0 = hd::round_to(st, m / -nmax);
   best.scale = hd::fabs(s0) < smin ? copysign(smin, -m) : s0;
   const double rms = block_rms(x);
-  double best_err = block_error(x, best, bits, false, t, how, rms);
   const lsq_grid::Pick pick = lsq_grid::search(x, Importances{x, how, rms}, x.n, m, amax, bits, steps);
-  if (pick.found) {
-    consider(x, pick.grid_scale, bits, t, st, how, rms, best, best_err);
-    consider(x, pick.lsq_scale, bits, t, st, how, rms, best, best_err);
-  }
-  for (int it = 0; it < 8 && consider(x, scale_at(x, how, rms, 1.0f / best.scale, lo, hi), bits, t, st, how, rms,
-                                      best, best_err);
-       ++it) {
-  }
-  return best;
+  const hd::Params p{hd::round_to(st, float(pick.lsq_scale)), 0};
+  if (!pick.found || !(hd::fabs(p.scale) >= smin) || p.scale == best.scale) return best;
+  return block_error(x, p, bits, false, t, how, rms) < block_error(x, best, bits, false, t, how, rms) ? p : best;
 }
 
 // fit::lsq_zero_point.

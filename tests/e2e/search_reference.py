@@ -9,10 +9,9 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
       candidates: for each side (the extreme on code -8, or on +7) a grid of 64 inverse scales
         v_i / m, |v_i| from |edge| - 0.9 to |edge| + 0.9; a grid point's codes are clip(rint(v_i/m · x))
         and its rank the exact error Σ w·(x - s_i·l)² at s_i = m / v_i. Scored: the 8 points
-        0, 9, .., 63, then the best of those ± 1..4; the best point overall gives two scales: s_i itself,
-        then the least-squares fit of its codes Σ w·x·l / Σ w·l², each kept where it lowers the error
-      then, up to 8 times and while it lowers the
-        error, best = the least-squares fit of best's codes  (l = clip(rint(x · (1/best)), -8, 7))
+        0, 9, .., 63 of each side, then the best of those 16 ± 1..4 in its side; the best point overall
+        gives the candidate, the least-squares fit of its codes Σ w·x·l / Σ w·l², kept where it lowers
+        the error
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
       (p = 0.7); z = mean(q - (x - e)·is); β *= 1.01; stop when mean |r| stops falling
@@ -23,9 +22,7 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
       rounded values; the weight is (codes - z) · s
 
 The grid's sums are float32 in element order and its ranks float64 (as nibble computes them, so its
-choices are nibble's bit for bit); the refits are summed as nibble sums them (float32 lanes, see
-_lane_sum); the other
-sums are numpy's (pairwise), nibble's sequential in float64, and nibble's power is its own
+choices are nibble's bit for bit); the other sums are numpy's (pairwise), nibble's sequential in float64, and nibble's power is its own
 (kernels/hd_pow.h: computed in double and rounded to float once, the same bits on the CPU and on a GPU),
 not numpy's float32 power: a near-tie may go the other way in a rare block, which the test bounds.
 """
@@ -65,25 +62,6 @@ def _rtn_zp(x, s, z):
     return np.clip(np.rint((x / s[:, None]).astype(f32)) + z[:, None], 0, 15)
 
 
-def _lane_sum(v):
-    """nibble's float32 sums over 8 lanes (element k into lane k % 8, in order), then the lanes in float64."""
-    B, n = v.shape
-    acc = np.zeros((B, 8), dtype=f32)
-    for k0 in range(0, n, 8):
-        acc[:, : min(8, n - k0)] += v[:, k0:k0 + 8]
-    total = np.zeros(B)
-    for j in range(8):
-        total += acc[:, j].astype(np.float64)
-    return total
-
-
-def _lsq_fit(x, w, iscale):
-    """Least-squares scale of the codes clip(rint(iscale · x), -8, 7), 0 where every code is 0."""
-    l = np.clip(np.rint((iscale[:, None] * x).astype(f32)), -8, 7).astype(f32)
-    sxl, sll = _lane_sum(w * x * l), _lane_sum(w * l * l)
-    return np.where(sll > 0, sxl / np.where(sll > 0, sll, 1), 0).astype(f32)
-
-
 def _grid_pick(x, w, m, steps=9):
     """The grid search: per block (grid scale, least-squares scale of its codes), NaN where none."""
     B_, n = x.shape
@@ -92,6 +70,8 @@ def _grid_pick(x, w, m, steps=9):
     best_score = np.full(B_, np.inf)
     pick_s, pick_l = np.full(B_, np.nan, dtype=f32), np.full(B_, np.nan)
     step = f32(f32(f32(0.1) * f32(8)) / f32(8))
+    best_at = np.zeros(B_, dtype=f32)
+    sides = []
     for side, edge in ((0, f32(8)), (1, f32(7))):
         v0 = f32(edge - f32(step * f32(steps)))
         delta = f32(f32(f32(f32(2) * step) * f32(steps)) / f32(63))
@@ -118,35 +98,43 @@ def _grid_pick(x, w, m, steps=9):
         for k in range(n):
             b = (b + (a[:, k] * l0[:, k]).astype(f32)).astype(f32)
             c = (c + c0[:, k]).astype(f32)
+        sides.append(dict(v0=v0, delta=delta, sign=sign, at1=at1, at2=at2, a=a, dc1=dc1, dc2=dc2, b=b, c=c))
 
-        def score_pass(pt):  # pt [B, 8] float32 grid positions -> index of the pass's best point
-            Bp, Cp = np.zeros((B_, 8), dtype=f32), np.zeros((B_, 8), dtype=f32)
-            for k in range(n):
-                m1, m2 = at1[:, k:k + 1] <= pt, at2[:, k:k + 1] <= pt
-                Bp = np.where(m1, Bp + a[:, k:k + 1], Bp).astype(f32)
-                Cp = np.where(m1, Cp + dc1[:, k:k + 1], Cp).astype(f32)
-                Bp = np.where(m2, Bp + a[:, k:k + 1], Bp).astype(f32)
-                Cp = np.where(m2, Cp + dc2[:, k:k + 1], Cp).astype(f32)
-            at, pass_best = pt[:, 0].copy(), np.full(B_, np.inf)
-            for p in range(8):
-                bb, cc = (b + Bp[:, p]).astype(f32), (c + Cp[:, p]).astype(f32)
-                s = (amax / (v0 + (delta * pt[:, p]).astype(f32)).astype(f32)).astype(f32)
-                sd = s.astype(np.float64)
-                score = sd * (sd * cc.astype(np.float64) - 2.0 * bb.astype(np.float64))
-                has = cc > 0
-                better = has & ((pass_best == np.inf) | (score < pass_best))
-                pass_best, at = np.where(better, score, pass_best), np.where(better, pt[:, p], at)
-                take = has & ((best_score == np.inf) | (score < best_score))
-                best_score[:] = np.where(take, score, best_score)
-                pick_s[:] = np.where(take, (sign * s).astype(f32), pick_s)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    lsq = sign.astype(np.float64) * (bb.astype(np.float64) / cc.astype(np.float64))
-                pick_l[:] = np.where(take, lsq, pick_l)
-            return at
+    def score_pass(g, pt):  # g: each block's side's arrays; pt [B, 8] float32 grid positions
+        Bp, Cp = np.zeros((B_, 8), dtype=f32), np.zeros((B_, 8), dtype=f32)
+        for k in range(n):
+            m1, m2 = g["at1"][:, k:k + 1] <= pt, g["at2"][:, k:k + 1] <= pt
+            Bp = np.where(m1, Bp + g["a"][:, k:k + 1], Bp).astype(f32)
+            Cp = np.where(m1, Cp + g["dc1"][:, k:k + 1], Cp).astype(f32)
+            Bp = np.where(m2, Bp + g["a"][:, k:k + 1], Bp).astype(f32)
+            Cp = np.where(m2, Cp + g["dc2"][:, k:k + 1], Cp).astype(f32)
+        for p in range(8):
+            bb, cc = (g["b"] + Bp[:, p]).astype(f32), (g["c"] + Cp[:, p]).astype(f32)
+            s = (amax / (g["v0"] + (g["delta"] * pt[:, p]).astype(f32)).astype(f32)).astype(f32)
+            sd = s.astype(np.float64)
+            score = sd * (sd * cc.astype(np.float64) - 2.0 * bb.astype(np.float64))
+            has = cc > 0
+            take = has & ((best_score == np.inf) | (score < best_score))
+            best_score[:] = np.where(take, score, best_score)
+            best_at[:] = np.where(take, pt[:, p], best_at)
+            pick_s[:] = np.where(take, (g["sign"] * s).astype(f32), pick_s)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lsq = g["sign"].astype(np.float64) * (bb.astype(np.float64) / cc.astype(np.float64))
+            pick_l[:] = np.where(take, lsq, pick_l)
 
-        centre = score_pass(np.tile(np.arange(0, 64, 9, dtype=f32), (B_, 1)))
-        offs = np.array([-4, -3, -2, -1, 1, 2, 3, 4], dtype=f32)
-        score_pass(np.clip(centre[:, None] + offs, f32(0), f32(63)).astype(f32))
+    coarse = np.tile(np.arange(0, 64, 9, dtype=f32), (B_, 1))
+    score_pass(sides[0], coarse)
+    found0, score0 = best_score != np.inf, best_score.copy()
+    score_pass(sides[1], coarse)
+    in1 = ~found0 | (best_score < score0)  # the best point is side 1's
+
+    def pick(key):  # each block's value from the side its best point is in
+        a0, a1 = np.broadcast_arrays(sides[0][key], sides[1][key])
+        return np.where(in1 if a0.ndim < 2 else in1[:, None], a1, a0).astype(f32)
+
+    g = {k: pick(k) for k in sides[0]}
+    offs = np.array([-4, -3, -2, -1, 1, 2, 3, 4], dtype=f32)
+    score_pass(g, np.clip(best_at[:, None] + offs, f32(0), f32(63)).astype(f32))
     return pick_s, pick_l
 
 
@@ -158,20 +146,11 @@ def lsq_symmetric(x: np.ndarray, steps: int = 9):
     usable = lambda s: np.abs(s) >= f32(1e-5)  # noqa: E731
     err = lambda s: np.where(usable(s), _sq_err(x, _rtn_sym(x, np.where(usable(s), s, 1)), s, imp=imp), np.inf)  # noqa: E731
     best = (m / f32(-8)).astype(f32)
-    best_err = err(best)
-    grid_s, grid_l = _grid_pick(x, w, m, steps)
-    for cand in (grid_s, grid_l.astype(f32)):
-        found = ~np.isnan(cand)
-        cand = np.where(found, cand, f32(0)).astype(f32)
-        e = np.where(found, err(cand), np.inf)
-        take = e < best_err
-        best, best_err = np.where(take, cand, best), np.where(take, e, best_err)
-    active = np.ones(x.shape[0], dtype=bool)
-    for _ in range(8):
-        cand = _lsq_fit(x, w, (f32(1) / best).astype(f32))
-        e = err(cand)
-        active &= e < best_err
-        best, best_err = np.where(active, cand, best), np.where(active, e, best_err)
+    _, grid_l = _grid_pick(x, w, m, steps)
+    found = ~np.isnan(grid_l)
+    cand = np.where(found, grid_l, 0).astype(f32)
+    take = found & (err(cand) < err(best))
+    best = np.where(take, cand, best)
     return best, _rtn_sym(x, best).astype(np.int8)
 
 

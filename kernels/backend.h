@@ -167,6 +167,10 @@ class Backend {
   // The transfer ledger of a device backend; null for the CPU, where a tensor is host memory and
   // nothing moves.
   virtual const TransferLedger* transfer_ledger() const { return nullptr; }
+  // Whether two host threads may call this backend at once (one quantizing the next weight while the
+  // other packs the last): true for the CPU, whose operations keep no state between calls; a device's
+  // streams, memory and ledger are its one caller's.
+  virtual bool takes_concurrent_calls() const { return false; }
 
   // ---- Arrays kept on the backend (tensors that live on the backend: uploaded once, read in place)
   // The weight put on the backend: its operations given the returned matrix read the backend's copy. A

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <optional>
 
 #include "host/graph/awq_place.h"
@@ -198,6 +199,69 @@ struct Ahead {
   kernels::WeightMatrix kept;
 };
 
+// What emit_stage reads for every weight.
+struct EmitContext {
+  const QuantizeOptions& o;
+  OnnxModel& model;
+  const Planned& planned;
+  Searched& searched;
+  GraphRewriter& rewriter;
+  kernels::Backend& backend;
+  std::map<std::string, std::vector<float>> scales, column_divisors;
+  bool zero_point = false;
+};
+
+// One weight taken from the memory map and made ready for its quantizer, then its result.
+struct Job {
+  std::chrono::steady_clock::time_point started;
+  TensorView view;
+  kernels::WeightMatrix kept;  // the copy a device kept ahead, released after the write
+  Prepared p;
+  const std::vector<float>* scale = nullptr;    // AWQ's
+  const std::vector<float>* divisor = nullptr;  // a consumer's 1/s folded into its columns
+  bool float_zero_point = false;
+  kernels::QuantResult q;
+};
+
+// Weight i's job, on the calling thread (the map, the kept copies and the rewriter are read here): from
+// `ahead` where that holds it. With keep_next, weight i + 1 goes on the backend first, where it is read as
+// stored.
+Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
+  const std::vector<PlannedWeight>& weights = c.planned.plan.weights;
+  const PlannedWeight& pw = weights[i];
+  Job j{std::chrono::steady_clock::now(), {}, {}, {}, nullptr, nullptr, false, {}};
+  j.view = ahead.view ? std::move(*ahead.view) : c.model.view(*c.model.initializer(pw.weight));
+  j.kept = std::move(ahead.kept);
+  ahead = Ahead{};
+  if (keep_next && i + 1 < weights.size() && !c.searched.kept.holds(weights[i + 1].weight) &&
+      read_as_stored(c.o, weights[i + 1], c.searched, c.scales, c.column_divisors)) {
+    const PlannedWeight& nw = weights[i + 1];
+    ahead.view = c.model.view(*c.model.initializer(nw.weight));
+    ahead.kept = c.backend.keep(kernels::WeightMatrix{nw.dtype, ahead.view->data, nw.rows, nw.cols, nw.k_axis, {}});
+  }
+  const auto s = c.scales.find(pw.weight);
+  j.scale = s == c.scales.end() ? nullptr : &s->second;
+  const auto cd = c.column_divisors.find(pw.weight);
+  j.divisor = cd == c.column_divisors.end() ? nullptr : &cd->second;
+  // The copy an earlier stage left on the device (taken: freed once this weight is quantized).
+  j.p = prepare(c.o, pw, c.searched.kept.take(pw, j.view.data), j.scale, j.divisor, c.zero_point, c.backend);
+  if (j.kept.resident) j.p.w = j.kept;  // kept ahead (read_as_stored): the backend reads its own copy
+  // MatMulNBits: a device keeps the codes for the packing, which reads them there (only its output comes
+  // back); not when the host needs them (the quantized layers fed forward, a replay's placeholder).
+  j.p.spec.keep_on_backend =
+      !c.searched.on_quantized && !c.searched.replay && c.rewriter.packs_on_backend(pw, j.p.spec);
+  j.float_zero_point = writes_float_zero_point(c.o, pw, c.rewriter);
+  return j;
+}
+
+// Whether weight i may be quantized on a second thread while the one before it is written: the backend
+// takes calls from two threads, and its quantizer reads nothing the write changes (no search state, no
+// AWQ scale, nothing fed forward).
+bool quantizes_beside_write(const EmitContext& c, size_t i) {
+  return c.backend.takes_concurrent_calls() && !c.searched.on_quantized &&
+         read_as_stored(c.o, c.planned.plan.weights[i], c.searched, c.scales, c.column_divisors);
+}
+
 // The run's one line before the weights: what is quantized, to what.
 void log_plan(const QuantizeOptions& o, const Planned& planned, uint64_t bytes_in) {
   const Plan& plan = planned.plan;
@@ -229,6 +293,42 @@ void emit_table(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight&
                 in);
 }
 
+
+// Weight j's write: its tensors through the rewriter, its pages released, its report entry.
+void write(EmitContext& c, const PlannedWeight& pw, Job& j, Emitted& e, Progress& progress) {
+  if (c.searched.on_quantized && !c.searched.replay) c.searched.on_quantized(pw, j.p.spec, j.q, j.scale, j.divisor);
+  uint64_t bytes = 0;
+  // qdq: QuantizeLinear rounds the stored float weight again. That gives back the codes only from the
+  // weight they were computed from, by the same arithmetic: for GPTQ's codes, those of W ⊙ s (AWQ) or
+  // of W with divided columns, and the clip search's (an fp16 block's quotient is rounded to fp16, ONNX
+  // Runtime's is not), the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
+  const bool transformed = c.searched.gptq || j.scale || j.divisor || c.o.searches_clip();
+  std::vector<uint8_t> qdq_float;
+  if (transformed && c.planned.format == Format::kQdq) qdq_float = c.backend.dequantize(j.p.w, j.p.spec, j.q, pw.dtype);
+  const Format used = c.rewriter.emit(pw, j.p.spec, j.q, &bytes, qdq_float.empty() ? nullptr : &qdq_float);
+  if (used != c.planned.format)
+    spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
+                 pw.weight, pw.node_name);
+  j.kept = {};  // the backend's copy goes before the pages it was read from
+  j.p.w.resident.reset();
+  if (!pw.keep_float) c.model.release(j.view);
+  const int64_t n = pw.rows * pw.cols;
+  e.bytes_out += bytes;
+  e.sq_error += j.q.sq_error;
+  e.elements += n;
+  e.weights.push_back(weight_entry(pw, j.p.spec, j.q, used, bytes,
+                                   std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count()));
+  if (c.planned.mixed.per_weight.count(pw.weight)) e.weights.back()["mixed"] = c.planned.mixed.per_weight.at(pw.weight);
+  if (j.scale) {
+    e.weights.back()["awq_alpha"] = c.searched.choices.at(pw.weight).alpha;
+    e.weights.back()["awq_losses"] = c.searched.choices.at(pw.weight).losses;
+  }
+  progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
+                    dtype_name(pw.dtype) + " -> int" + std::to_string(pw.bits) + " " +
+                    human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
+                uint64_t(n) * dtype_size(pw.dtype));
+}
+
 }  // namespace
 
 Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
@@ -239,72 +339,41 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     for (const auto& pw : *list) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   log_plan(o, planned, e.bytes_in);
   e.zero_point = writes_zero_point(o);
-  std::map<std::string, std::vector<float>> scales, column_divisors;
-  for (const auto& [name, c] : searched.choices) scales[name] = c.scale;
+  EmitContext c{o, model, planned, searched, rewriter, backend, {}, {}, e.zero_point};
+  for (const auto& [name, choice] : searched.choices) c.scales[name] = choice.scale;
   if (o.searches_scales())
-    column_divisors = place_awq_scales(model, plan, scales, rewriter, backend, !o.awqlite_disable_fuse_nodes);
+    c.column_divisors = place_awq_scales(model, plan, c.scales, rewriter, backend, !o.awqlite_disable_fuse_nodes);
   for (const auto& t : plan.gathers)
     if (!t.tied_to.empty()) rewriter.keep_zero_points_of(t.tied_to);
   Progress progress(int64_t(plan.weights.size() + plan.gathers.size()), e.bytes_in, !o.quiet);
   Ahead ahead;
+  // The next weight's job and its result, computed on a second thread while this one is written (the
+  // write, one thread packing and writing, would leave the other cores idle). Declared in this order so
+  // that the result is awaited before the job's pages go.
+  std::optional<Job> next;
+  std::future<kernels::QuantResult> next_q;
   for (size_t i = 0; i < plan.weights.size(); ++i) {
     const PlannedWeight& pw = plan.weights[i];
-    const auto tw = std::chrono::steady_clock::now();
-    TensorView v = ahead.view ? std::move(*ahead.view) : model.view(*model.initializer(pw.weight));
-    kernels::WeightMatrix kept = std::move(ahead.kept);
-    ahead = Ahead{};
-    if (i + 1 < plan.weights.size() && !searched.kept.holds(plan.weights[i + 1].weight) &&
-        read_as_stored(o, plan.weights[i + 1], searched, scales, column_divisors)) {
-      const PlannedWeight& nw = plan.weights[i + 1];
-      ahead.view = model.view(*model.initializer(nw.weight));
-      ahead.kept = backend.keep(kernels::WeightMatrix{nw.dtype, ahead.view->data, nw.rows, nw.cols, nw.k_axis, {}});
+    const bool beside = i + 1 < plan.weights.size() && quantizes_beside_write(c, i + 1);
+    Job j;
+    if (next) {
+      j = std::move(*next);
+      next.reset();
+      j.q = next_q.get();
+    } else {
+      j = take(c, i, ahead, !beside);
+      j.q = quantize(o, pw, j.p, j.scale, searched, j.float_zero_point, backend);
     }
-    const auto s = scales.find(pw.weight);
-    const std::vector<float>* sp = s == scales.end() ? nullptr : &s->second;
-    const auto cd = column_divisors.find(pw.weight);
-    // The copy an earlier stage left on the device (taken: freed once this weight is quantized).
-    Prepared p = prepare(o, pw, searched.kept.take(pw, v.data), sp, cd == column_divisors.end() ? nullptr : &cd->second,
-                         e.zero_point, backend);
-    if (kept.resident) p.w = kept;  // kept ahead (read_as_stored): the backend reads its own copy
-    // MatMulNBits: a device keeps the codes for the packing, which reads them there (only its output comes
-    // back); not when the host needs them (the quantized layers fed forward, a replay's placeholder).
-    p.spec.keep_on_backend = !searched.on_quantized && !searched.replay && rewriter.packs_on_backend(pw, p.spec);
-    const bool float_zero_point = writes_float_zero_point(o, pw, rewriter);
-    const kernels::QuantResult q = quantize(o, pw, p, sp, searched, float_zero_point, backend);
-    if (searched.on_quantized && !searched.replay)
-      searched.on_quantized(pw, p.spec, q, sp, cd == column_divisors.end() ? nullptr : &cd->second);
-    uint64_t bytes = 0;
-    // qdq: QuantizeLinear rounds the stored float weight again. That gives back the codes only from the
-    // weight they were computed from, by the same arithmetic: for GPTQ's codes, those of W ⊙ s (AWQ) or
-    // of W with divided columns, and the clip search's (an fp16 block's quotient is rounded to fp16, ONNX
-    // Runtime's is not), the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
-    const bool transformed = searched.gptq || sp || cd != column_divisors.end() || o.searches_clip();
-    std::vector<uint8_t> qdq_float;
-    if (transformed && planned.format == Format::kQdq) qdq_float = backend.dequantize(p.w, p.spec, q, pw.dtype);
-    const Format used = rewriter.emit(pw, p.spec, q, &bytes, qdq_float.empty() ? nullptr : &qdq_float);
-    if (used != planned.format)
-      spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
-                   pw.weight, pw.node_name);
-    kept = {};  // the backend's copy goes before the pages it was read from
-    p.w.resident.reset();
-    if (!pw.keep_float) model.release(v);
-    const int64_t n = pw.rows * pw.cols;
-    e.bytes_out += bytes;
-    e.sq_error += q.sq_error;
-    e.elements += n;
-    e.weights.push_back(weight_entry(pw, p.spec, q, used, bytes,
-                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count()));
-    if (planned.mixed.per_weight.count(pw.weight)) e.weights.back()["mixed"] = planned.mixed.per_weight.at(pw.weight);
-    if (sp) {
-      e.weights.back()["awq_alpha"] = searched.choices.at(pw.weight).alpha;
-      e.weights.back()["awq_losses"] = searched.choices.at(pw.weight).losses;
+    if (beside) {
+      next = take(c, i + 1, ahead, false);
+      next_q = std::async(std::launch::async, [&o, &searched, &backend, &nw = plan.weights[i + 1], &n = *next] {
+        return quantize(o, nw, n.p, n.scale, searched, n.float_zero_point, backend);
+      });
     }
-    progress.step(pw.weight + " [" + std::to_string(pw.rows) + ", " + std::to_string(pw.cols) + "] " +
-                      dtype_name(pw.dtype) + " -> int" + std::to_string(pw.bits) + " " +
-                      human_bytes(uint64_t(n) * dtype_size(pw.dtype)) + " -> " + human_bytes(bytes),
-                  uint64_t(n) * dtype_size(pw.dtype));
+    write(c, pw, j, e, progress);
   }
-  for (const auto& pw : plan.gathers) emit_table(o, model, pw, scales, column_divisors, rewriter, backend, e, progress);
+  for (const auto& pw : plan.gathers)
+    emit_table(o, model, pw, c.scales, c.column_divisors, rewriter, backend, e, progress);
   progress.finish();
   return e;
 }

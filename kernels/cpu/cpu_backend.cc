@@ -23,6 +23,7 @@ namespace {
 class CpuBackend final : public CpuCommon {
  public:
   std::string name() const override { return "cpu"; }
+  bool takes_concurrent_calls() const override { return true; }
   std::string describe() const override {
     return "cpu: " + std::to_string(num_threads()) + " threads, RTN kernels " + rtn_isa_name(rtn_fast_isa()) +
            ", OpenBLAS " + blas_core_name();

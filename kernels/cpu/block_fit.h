@@ -42,6 +42,19 @@ inline double block_error(const float* x, int64_t n, const BlockParams& p, int b
   return e;
 }
 
+// The weighted squared error of a symmetric block's RTN codes under p, in float, element by element
+// (w·(d·d) summed in order), with w the search's float importances: the ranking of the symmetric
+// search's two finalists. Float is enough to rank two scales (every term is >= 0), and a vector lane
+// computes it without converting to double.
+inline float code_error(const float* x, const float* w, int64_t n, const BlockParams& p, int bits, DType t) {
+  float e = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const float d = x[k] - round_to(t, dequantize_value(quantize_value(x[k], p, bits, false, t), p, bits, false));
+    e += w[k] * (d * d);
+  }
+  return e;
+}
+
 inline double block_rms(const float* x, int64_t n) {
   double s = 0;
   for (int64_t k = 0; k < n; ++k) s += double(x[k]) * double(x[k]);
@@ -71,7 +84,7 @@ inline const float* importances(const float* x, int64_t n, FitWeight how) {
 // point's codes give the candidate: their least-squares scale Σ w·x·l / Σ w·l², which re-rounding can
 // only improve on (RTN's codes are each element's nearest at that scale), so it is never worse than the
 // grid point's own scale before both are rounded to the scale type. The candidate is rounded to the scale
-// type, scored by block_error on RTN codes (the codes written) and kept where it lowers the start's error.
+// type, scored by code_error on RTN codes (the codes written) and kept where it lowers the start's error.
 inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, DType st, const RtnSearchOptions& o) {
   const float nmax = float(1 << (bits - 1));
   float m = 0, amax = 0;
@@ -85,15 +98,13 @@ inline BlockParams lsq_symmetric(const float* x, int64_t n, int bits, DType t, D
   }
   const float s0 = round_to(st, m / -nmax);
   best.scale = std::fabs(s0) < min_scale(st) ? std::copysign(min_scale(st), -m) : s0;
-  const lsq_grid::Pick pick = lsq_grid::search(x, importances(x, n, o.weight), int(n), m, amax, bits, o.steps);
+  const float* w = importances(x, n, o.weight);
+  const lsq_grid::Pick pick = lsq_grid::search(x, w, int(n), m, amax, bits, o.steps);
   BlockParams p;
   p.scale = round_to(st, float(pick.lsq_scale));
   // A candidate equal to the start would score the start's error again, not below it.
   if (!pick.found || !(std::fabs(p.scale) >= min_scale(st)) || p.scale == best.scale) return best;
-  const double rms = block_rms(x, n);
-  return block_error(x, n, p, bits, false, t, o.weight, rms) < block_error(x, n, best, bits, false, t, o.weight, rms)
-             ? p
-             : best;
+  return code_error(x, w, n, p, bits, t) < code_error(x, w, n, best, bits, t) ? p : best;
 }
 
 // Zero point, 2^b levels over [min(x, 0), max(x, 0)] (0 stays on the grid, as an integer zero point

@@ -61,6 +61,17 @@ NIBBLE_HD inline double block_error(const Block& x, hd::Params p, int bits, bool
   return e;
 }
 
+// fit::code_error: the symmetric finalists' weighted error, in float, in element order.
+NIBBLE_HD inline float code_error(const Block& x, hd::Params p, int bits, int t, int how, double rms) {
+  float e = 0;
+  for (int k = 0; k < x.n; ++k) {
+    const float v = x[k];
+    const float d = v - hd::round_to(t, hd::dequantize(hd::quantize(v, p, bits, false, t), p, false));
+    e += weight_of(how, v, rms) * (d * d);
+  }
+  return e;
+}
+
 // The block's importances, element by element (the CPU's per-thread array of them, recomputed).
 struct Importances {
   const Block& x;
@@ -88,7 +99,7 @@ NIBBLE_HD inline hd::Params symmetric(const Block& x, int bits, int t, int st, i
   const lsq_grid::Pick pick = lsq_grid::search(x, Importances{x, how, rms}, x.n, m, amax, bits, steps);
   const hd::Params p{hd::round_to(st, float(pick.lsq_scale)), 0};
   if (!pick.found || !(hd::fabs(p.scale) >= smin) || p.scale == best.scale) return best;
-  return block_error(x, p, bits, false, t, how, rms) < block_error(x, best, bits, false, t, how, rms) ? p : best;
+  return code_error(x, p, bits, t, how, rms) < code_error(x, best, bits, t, how, rms) ? p : best;
 }
 
 // fit::lsq_zero_point.

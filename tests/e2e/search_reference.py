@@ -11,7 +11,7 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
         and its rank the exact error Σ w·(x - s_i·l)² at s_i = m / v_i. Scored: the 8 points
         0, 9, .., 63 of each side, then the best of those 16 ± 1..4 in its side; the best point overall
         gives the candidate, the least-squares fit of its codes Σ w·x·l / Σ w·l², kept where it lowers
-        the error
+        the error Σ w·(x - s·l)² (float32, in element order)
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
       (p = 0.7); z = mean(q - (x - e)·is); β *= 1.01; stop when mean |r| stops falling
@@ -44,6 +44,12 @@ def _sq_err(x, codes, s, z=None, imp=None):
     deq = ((codes.astype(f32) - (0 if z is None else z[:, None].astype(f32))) * s[:, None]).astype(f32)
     d = (x - deq).astype(np.float64)
     return ((1.0 if imp is None else imp) * d * d).sum(axis=1)
+
+
+def _code_err(x, codes, s, w):
+    """The symmetric finalists' rank: float32 w·(d·d) summed in element order (nibble's fit::code_error)."""
+    d = (x - (codes.astype(f32) * s[:, None]).astype(f32)).astype(f32)
+    return np.add.accumulate((w * (d * d)).astype(f32), axis=1, dtype=f32)[:, -1]
 
 
 def importance(x: np.ndarray):
@@ -142,9 +148,9 @@ def lsq_symmetric(x: np.ndarray, steps: int = 9):
     """x [B, bs] float32 -> (scale [B], codes [B, bs] int8)."""
     rows = np.arange(x.shape[0])
     m = x[rows, np.abs(x).argmax(axis=1)]
-    imp, w = importance(x)
+    _, w = importance(x)
     usable = lambda s: np.abs(s) >= f32(1e-5)  # noqa: E731
-    err = lambda s: np.where(usable(s), _sq_err(x, _rtn_sym(x, np.where(usable(s), s, 1)), s, imp=imp), np.inf)  # noqa: E731
+    err = lambda s: np.where(usable(s), _code_err(x, _rtn_sym(x, np.where(usable(s), s, 1)), s, w), np.inf)  # noqa: E731
     best = (m / f32(-8)).astype(f32)
     _, grid_l = _grid_pick(x, w, m, steps)
     found = ~np.isnan(grid_l)

@@ -172,19 +172,22 @@ def eval_ppl(model_path: str, windows: int = 32, seq_len: int = 256, batch_size:
     tok = load_tokenizer(model_path, tokenizer)
     data = eval_tokens(tok, seq_len, windows)
     t1 = time.time()
-    nll, n = 0.0, 0
+    nll, n, per_window = 0.0, 0, []
     for s in range(0, windows, batch_size):
         batch = data[s: s + batch_size]
         logits = dec.run(batch)
         for b in range(batch.shape[0]):
-            nll += _nll(logits[b, :-1], batch[b, 1:])
+            w = _nll(logits[b, :-1], batch[b, 1:])
+            nll += w
             n += seq_len - 1
+            per_window.append(round(float(w) / (seq_len - 1), 6))
         if log:
             log(f"  windows {s + batch.shape[0]}/{windows}: running ppl {np.exp(nll / n):.4f}")
     t2 = time.time()
     res = {"model": model_path, "ppl": float(np.exp(nll / n)), "nll": nll / n, "windows": windows,
            "seq_len": seq_len, "tokens": n, "accuracy_level": None if accuracy_level is None else str(accuracy_level),
-           "seconds": round(t2 - t1, 3), "load_seconds": round(t1 - t0, 3)}
+           "seconds": round(t2 - t1, 3), "load_seconds": round(t1 - t0, 3),
+           "window_nll": per_window}  # (mean nll per window: what bench/paired_ppl.py compares)
     if samples:
         eos = None
         p = os.path.join(os.path.dirname(os.path.abspath(model_path)), "genai_config.json")

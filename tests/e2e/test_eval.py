@@ -186,3 +186,26 @@ def test_errors(nibble, models, words_txt, tmp_path):
     (ro / "x").write_text("")
     one_error(run_eval(nibble, "--model", ref, "--text", words_txt, "--windows", 1, "--seq_len", 16,
                        "--json", ro / "x" / "e.json"), "--json")
+
+
+def test_paired_ppl_statistics(tmp_path):
+    """bench/paired_ppl.py on two evaluations of the same 4 windows: the mean per-window NLL difference,
+    its standard error and the perplexity ratio, against values worked out by hand."""
+    a = {"ppl": math.exp(2.0), "seq_len": 256, "window_nll": [2.0, 2.1, 1.9, 2.0]}
+    b = {"ppl": math.exp(2.05), "seq_len": 256, "window_nll": [2.1, 2.1, 2.0, 2.0]}
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text("log line\n" + json.dumps(a) + "\n")
+    pb.write_text(json.dumps(b) + "\n")
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "paired_ppl.py"), str(pa), str(pb)],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    # differences 0.1, 0, 0.1, 0: mean 0.05, sample sd sqrt(4 * 0.0025 / 3), se = sd / 2
+    assert r["windows"] == 4 and r["b_better_windows"] == 0
+    assert r["mean_dnll"] == pytest.approx(0.05, abs=1e-12)
+    assert r["se"] == pytest.approx(math.sqrt(0.01 / 3) / 2, rel=1e-9)
+    assert r["t"] == pytest.approx(0.05 / (math.sqrt(0.01 / 3) / 2), rel=1e-9)
+    assert r["ratio"] == pytest.approx(math.exp(0.05), rel=1e-12)
+    pb.write_text(json.dumps({**b, "window_nll": b["window_nll"][:3]}) + "\n")
+    bad = subprocess.run([sys.executable, os.path.join(REPO, "bench", "paired_ppl.py"), str(pa), str(pb)],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "different windows" in bad.stderr

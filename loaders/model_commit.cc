@@ -40,6 +40,13 @@ void ModelWriter::commit(const onnx::ModelProto& model) {
 
 void ModelWriter::finish_data() {
   const std::string what = "the data file of " + out_path_;
+  flush();
+  if (direct()) {  // the last block was written whole: cut its padding
+    const int closed = ::close(direct_fd_);
+    direct_fd_ = -1;
+    if (closed != 0 || ::ftruncate(data_fd_, off_t(data_size_)) != 0)
+      throw Error("writing " + what + ": " + errno_text(errno));
+  }
   sync_file(data_fd_, what);
   const int rc = ::close(data_fd_);
   data_fd_ = -1;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "loaders/error.h"
@@ -93,6 +94,7 @@ void ModelWriter::open_data(const Options& options) {
     cleanup();
     throw Error("cannot write in output folder " + out_dir_ + ": " + errno_text(e));
   }
+  open_direct();
   if (!resume_bytes_) return;
   // What the stopped run wrote after its last finished layer is dropped; the rest is hashed again, as
   // the name of the data file is the hash of all of it.
@@ -110,6 +112,39 @@ void ModelWriter::open_data(const Options& options) {
   if (!ok || ::lseek(data_fd_, 0, SEEK_END) < 0) {
     cleanup();
     throw Error("cannot resume: " + options.resumable_data + " is shorter than its checkpoint says");
+  }
+  preload_partial_block();
+}
+
+// A second descriptor for the writes, data_fd_ kept for the rest (resume, truncate, fsync). A file
+// system without O_DIRECT (EINVAL) or no memory for the buffer: buffered writes, as before.
+void ModelWriter::open_direct() {
+  direct_fd_ = ::open(tmp_data_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  if (direct_fd_ < 0) return;
+  stage_.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlock, kStageBytes)));
+  if (!stage_) {
+    ::close(direct_fd_);
+    direct_fd_ = -1;
+  }
+  staged_ = 0;
+  stage_offset_ = 0;
+}
+
+// Resuming with O_DIRECT: the writes start at a block boundary, so the partial block the file ends
+// with is read into the buffer and written again with what follows it.
+void ModelWriter::preload_partial_block() {
+  if (!direct()) return;
+  stage_offset_ = resume_bytes_ / kBlock * kBlock;
+  staged_ = size_t(resume_bytes_ - stage_offset_);
+  for (size_t at = 0; at < staged_;) {
+    const ssize_t r = ::pread(data_fd_, stage_.get() + at, staged_ - at, off_t(stage_offset_ + at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int e = r < 0 ? errno : EIO;
+      cleanup();
+      throw Error("cannot resume: reading " + tmp_data_ + ": " + errno_text(e));
+    }
+    at += size_t(r);
   }
 }
 
@@ -133,6 +168,8 @@ ModelWriter::~ModelWriter() {
 void ModelWriter::cleanup() noexcept {
   if (data_fd_ >= 0) ::close(data_fd_);
   data_fd_ = -1;
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  direct_fd_ = -1;
   if (!tmp_data_.empty() && !resumable_) ::unlink(tmp_data_.c_str());
   if (!tmp_graph_.empty()) ::unlink(tmp_graph_.c_str());
   std::error_code ec;
@@ -154,9 +191,65 @@ void ModelWriter::write_all(int fd, const void* data, uint64_t n, const std::str
 }
 
 void ModelWriter::append(const void* data, uint64_t n) {
-  write_all(data_fd_, data, n, "the data file of " + out_path_);
+  if (direct()) stage(static_cast<const uint8_t*>(data), n);
+  else write_all(data_fd_, data, n, "the data file of " + out_path_);
   hash_.update(data, size_t(n));
   data_size_ += n;
+}
+
+// Copies into the staging buffer, writing it out each time it fills; what is left after a fall back
+// to buffered writes goes the buffered way.
+void ModelWriter::stage(const uint8_t* p, uint64_t n) {
+  while (n > 0 && direct()) {
+    const size_t take = size_t(std::min<uint64_t>(n, kStageBytes - staged_));
+    std::memcpy(stage_.get() + staged_, p, take);
+    staged_ += take;
+    p += take;
+    n -= take;
+    if (staged_ == kStageBytes) flush();
+  }
+  if (n > 0) write_all(data_fd_, p, n, "the data file of " + out_path_);
+}
+
+void ModelWriter::flush() {
+  if (!direct() || staged_ == 0) return;
+  const size_t full = staged_ / kBlock * kBlock;
+  const size_t padded = (staged_ + kBlock - 1) / kBlock * kBlock;
+  std::memset(stage_.get() + staged_, 0, padded - staged_);
+  if (!write_staged(padded)) return;  // fell back: the staged bytes went the buffered way
+  // The partial block is written again, completed, by the next write.
+  std::memmove(stage_.get(), stage_.get() + full, staged_ - full);
+  stage_offset_ += full;
+  staged_ -= full;
+}
+
+// Writes stage_[0, bytes) at stage_offset_; false if the file system refused O_DIRECT there and the
+// writer fell back to buffered writes.
+bool ModelWriter::write_staged(size_t bytes) {
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t w = ::pwrite(direct_fd_, stage_.get() + done, bytes - done, off_t(stage_offset_ + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINVAL) {
+      fall_back_to_buffered();
+      return false;
+    }
+    if (w <= 0) throw Error("writing the data file of " + out_path_ + ": " + errno_text(w < 0 ? errno : EIO));
+    done += size_t(w);
+  }
+  return true;
+}
+
+// Everything before stage_offset_ is in the file; the zero padding of an earlier flush past it is cut
+// and the staged bytes are written buffered, data_fd_ left at the end for write_all.
+void ModelWriter::fall_back_to_buffered() {
+  const std::string what = "the data file of " + out_path_;
+  ::close(direct_fd_);
+  direct_fd_ = -1;
+  if (::ftruncate(data_fd_, off_t(stage_offset_)) != 0 || ::lseek(data_fd_, off_t(stage_offset_), SEEK_SET) < 0)
+    throw Error("writing " + what + ": " + errno_text(errno));
+  const size_t n = staged_;
+  staged_ = 0;
+  write_all(data_fd_, stage_.get(), n, what);
 }
 
 namespace {

@@ -36,8 +36,10 @@ std::string unhex(const std::string& s) {
 }
 
 // The checkpoint after `done` groups: written to a temporary name and renamed, so a kill leaves the
-// previous one or this one whole.
-void write_checkpoint(const QuantizeOptions& o, size_t done, const ModelWriter& writer, const Emitted& e) {
+// previous one or this one whole. The writer is flushed first: its data_bytes() are what a resumed run
+// must find in the file, and bytes still staged in memory would die with the process.
+void write_checkpoint(const QuantizeOptions& o, size_t done, ModelWriter& writer, const Emitted& e) {
+  writer.flush();
   nlohmann::json log = nlohmann::json::array();
   for (const auto& b : writer.inline_log()) log.push_back(hex(b));
   const nlohmann::json j = {{"settings", resume_settings(o)}, {"layers_done", done},

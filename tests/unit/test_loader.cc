@@ -223,6 +223,7 @@ TEST_F(LoaderTest, WriterResumesAndReplaysTheSameLayout) {
     onnx::TensorProto t1, t2, t3;
     w.put(t1, a.data(), a.size());
     w.put(t2, b.data(), b.size());
+    w.flush();  // as a checkpoint does
     checkpoint = w.data_bytes();
     log = w.inline_log();
     offsets_first = t2.external_data(1).value();
@@ -272,6 +273,7 @@ TEST_F(LoaderTest, WriterReplayNoticesAnotherLayout) {
     ModelWriter w((dir_ / "out.onnx").string(), o);
     onnx::TensorProto t;
     w.put(t, b.data(), b.size());
+    w.flush();
     checkpoint = w.data_bytes();
   }
   ModelWriter::Options o;

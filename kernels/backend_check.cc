@@ -79,10 +79,15 @@ std::vector<OpCheck> check_backend_ops(Backend& b) {
 std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs) {
   std::vector<OpCheck> out;
   out.push_back(run("rtn", ref, b, cs, [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
-    QuantResult a, x;
-    r.rtn(w.m, c.spec(), a);
-    g.rtn(w.m, c.spec(), x);
-    return same_quant(a, x);
+    for (ZeroPointRounding how : {ZeroPointRounding::kModelOpt, ZeroPointRounding::kOnnxRuntime}) {
+      QuantSpec spec = c.spec();
+      spec.zero_point_rounding = how;
+      QuantResult a, x;
+      r.rtn(w.m, spec, a);
+      g.rtn(w.m, spec, x);
+      if (auto e = same_quant(a, x); !e.empty()) return e;
+    }
+    return std::string();
   }));
   out.push_back(run("rtn_weighted", ref, b, cs, [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
     const auto cw = check::positive(c.K, 0.1f, 4.0f, 7);

@@ -31,6 +31,18 @@ NIBBLE_HD inline float rint(float x) {
 #endif
 }
 NIBBLE_HD inline float fabs(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }
+NIBBLE_HD inline float trunc(float x) {
+#ifdef __CUDA_ARCH__
+  return truncf(x);
+#else
+  return std::trunc(x);
+#endif
+}
+// C's roundf: halves away from zero. x - trunc(x) is exact in float, so the test of the half is too.
+NIBBLE_HD inline float round_half_away(float x) {
+  const float t = trunc(x);
+  return fabs(x - t) >= 0.5f ? t + (x < 0.0f ? -1.0f : 1.0f) : t;
+}
 NIBBLE_HD inline bool isnan(float x) { return x != x; }
 // std::min / std::max / std::clamp exactly (which argument wins on ties and NaN matters for bits).
 NIBBLE_HD inline float min(float a, float b) { return b < a ? b : a; }
@@ -77,6 +89,26 @@ NIBBLE_HD inline uint8_t quantize(float w, Params p, int bits, bool zero_point, 
   const float r = rint(q);
   if (zero_point) return uint8_t(clamp(r + float(p.zero_point), 0.0f, float((1 << bits) - 1)));
   return uint8_t(int8_t(clamp(r, -float(1 << (bits - 1)), float((1 << (bits - 1)) - 1))));
+}
+
+// ---- ONNX Runtime's zero-point RTN (MLAS's blockwise quantizer, the one its MatMulNBits quantizer calls):
+// the range always holds 0, the scale (max - min) / maxq in float, the zero point roundf(-min / scale) from
+// that unrounded scale, the stored scale rounded to the weight's type, and the codes from the stored
+// scale's reciprocal: roundf(w * (1 / s) + z). One departure: an all-zero block gets ModelOpt's
+// smallest scale where MLAS writes 0 (which a QuantizeLinear, --format qdq, would divide by): the same
+// codes (z, 0) and the same dequantized zeros.
+NIBBLE_HD inline Params params_zero_point_ort(float mn, float mx, int bits, int t) {
+  const float maxq = float((1 << bits) - 1);
+  mn = min(mn, 0.0f), mx = max(mx, 0.0f);
+  const float sf = (mx - mn) / maxq;
+  const float z = sf != 0.0f ? 0.0f - mn / sf : mn;
+  Params p{sf != 0.0f ? round_to(t, sf) : min_scale(t), 0};
+  p.zero_point = uint8_t(z < 0.0f ? 0.0f : (z > maxq ? maxq : round_half_away(z)));
+  return p;
+}
+NIBBLE_HD inline float reciprocal_ort(float scale) { return scale != 0.0f ? 1.0f / scale : 0.0f; }
+NIBBLE_HD inline uint8_t quantize_ort(float w, float reciprocal, uint8_t zero_point, int bits) {
+  return uint8_t(clamp(round_half_away(w * reciprocal + float(zero_point)), 0.0f, float((1 << bits) - 1)));
 }
 NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zero_point) {
   const int q = zero_point ? int(code) - int(p.zero_point) : int(int8_t(code));

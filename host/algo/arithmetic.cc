@@ -119,6 +119,17 @@ bool rtn_searches_scale(const QuantizeOptions& o) {
   return true;  // nibble: each block's scale by least squares (rtn_lsq) on 2^b levels
 }
 
+kernels::ZeroPointRounding zero_point_rounding(const QuantizeOptions& o) {
+  switch (o.arithmetic) {
+    case Arithmetic::kModelOpt: return kernels::ZeroPointRounding::kModelOpt;
+    case Arithmetic::kNibble: break;
+  }
+  // nibble: min/max RTN with a zero point is ONNX Runtime's RTN, so ONNX Runtime's arithmetic, whose
+  // only differences from ModelOpt's (halves away from zero, the zero point from the unrounded scale)
+  // measured as good or better on both real models (bench/RESULTS.md): the same codes as its quantizer.
+  return kernels::ZeroPointRounding::kOnnxRuntime;
+}
+
 bool writes_zero_point(const QuantizeOptions& o) {
   switch (o.arithmetic) {
     case Arithmetic::kModelOpt: return modelopt::writes_zero_point(o);

@@ -51,6 +51,8 @@ const std::vector<float>* awq_quantizer_clip_ratios(const QuantizeOptions& o);
 
 // Symmetric rtn/rtn_dq: whether each block's scale is searched (least squares on 2^b levels).
 bool rtn_searches_scale(const QuantizeOptions& o);
+// Plain zero-point RTN's arithmetic (kernels::QuantSpec::zero_point_rounding).
+kernels::ZeroPointRounding zero_point_rounding(const QuantizeOptions& o);
 // Whether the planned weights get zero points.
 bool writes_zero_point(const QuantizeOptions& o);
 

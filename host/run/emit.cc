@@ -44,6 +44,7 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const kernel
   p.spec.bits = pw.bits;
   p.spec.block = pw.resolved_block();
   p.spec.zero_point = zero_point;
+  p.spec.zero_point_rounding = zero_point_rounding(o);
   if (!s) return p;
   if (divisor) {
     p.buffer = backend.divide_columns(p.w, divisor->data());

@@ -64,6 +64,7 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   const int64_t K = w.K(), N = w.N(), bs = spec.block;
   const int64_t G = num_blocks(K, bs);
   const bool zp = spec.zero_point;
+  const bool ort = zp && spec.zero_point_rounding == ZeroPointRounding::kOnnxRuntime;
   out.groups = G;
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);
@@ -93,7 +94,12 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
         mn = std::min(mn, v);
         mx = std::max(mx, v);
       }
-      p = block_params_zero_point(mn, mx, spec.bits, w.dtype);
+      if (ort) {
+        const hd::Params h = hd::params_zero_point_ort(mn, mx, spec.bits, int(w.dtype));
+        p.scale = h.scale, p.zero_point = h.zero_point;
+      } else {
+        p = block_params_zero_point(mn, mx, spec.bits, w.dtype);
+      }
       out.zero_points[size_t(param_index(g, n))] = p.zero_point;
     } else {
       float amax = 0.0f;
@@ -104,10 +110,12 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
       p = block_params_symmetric(amax, spec.bits, w.dtype);
     }
     out.scales[size_t(param_index(g, n))] = p.scale;
+    const float reciprocal = hd::reciprocal_ort(p.scale);
     for (int64_t k = k0; k < k1; ++k) {
       const size_t i = size_t(elem_index(k, n));
       const float v = load_float(w.dtype, w.data, i);
-      const uint8_t c = quantize_value(v, p, spec.bits, zp, w.dtype);
+      const uint8_t c = ort ? hd::quantize_ort(v, reciprocal, p.zero_point, spec.bits)
+                            : quantize_value(v, p, spec.bits, zp, w.dtype);
       out.codes[i] = c;
       // The error of the weight the model will really use: DequantizeLinear's output dtype.
       const double d = double(v) - double(round_to(w.dtype, dequantize_value(c, p, spec.bits, zp)));

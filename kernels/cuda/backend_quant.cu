@@ -24,6 +24,12 @@ void check(const QuantSpec& spec) {
 BlockShape shape_of(const QuantSpec& spec, DType data) {
   return BlockShape{spec.bits, spec.block, spec.zero_point, int(scale_type(spec, data))};
 }
+// Plain RTN's, the one operation that reads QuantSpec::zero_point_rounding.
+BlockShape rtn_shape_of(const QuantSpec& spec, DType data) {
+  BlockShape s = shape_of(spec, data);
+  s.ort_zero_point = spec.zero_point && spec.zero_point_rounding == ZeroPointRounding::kOnnxRuntime;
+  return s;
+}
 
 }  // namespace
 
@@ -225,7 +231,7 @@ void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   const OpScope op(*dev_, "rtn");
   dev_->count_flops(8.0 * double(w.rows * w.cols));  // range, quotient, rounding, error
   quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
-    launch_rtn(*dev_, p.view, shape_of(spec, w.dtype), q.out());
+    launch_rtn(*dev_, p.view, rtn_shape_of(spec, w.dtype), q.out());
   });
 }
 

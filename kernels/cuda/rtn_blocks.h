@@ -74,17 +74,18 @@ struct RtnWarpBlocks {
       if (!s.zero_point) {
         ws.p = hd::params_symmetric(lo, s.bits, w.dtype);
       } else if (k1 - k0 < s.block) {  // ModelOpt zero-pads the last block
-        ws.p = hd::params_zero_point(hd::min(0.0f, lo), hd::max(0.0f, hi), s.bits, w.dtype);
+        ws.p = zero_point_params(s, hd::min(0.0f, lo), hd::max(0.0f, hi), w.dtype);
       } else {
-        ws.p = hd::params_zero_point(lo, hi, s.bits, w.dtype);
+        ws.p = zero_point_params(s, lo, hi, w.dtype);
       }
     } else if constexpr (P == 2) {
       const hd::Params p = ws.p;
+      const float reciprocal = hd::reciprocal_ort(p.scale);
       double err = 0;
       for (int64_t k = k0 + j; k < k1; k += kWarp) {
         const int64_t i = w.index(k, n);
         const float v = hd::load(w.dtype, w.data, i);
-        const uint8_t c = hd::quantize(v, p, s.bits, s.zero_point, w.dtype);
+        const uint8_t c = code_of(s, v, p, reciprocal, w.dtype);
         o.codes[i] = c;
         const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
         err += d * d;

@@ -35,16 +35,30 @@ struct BlockShape {
   int64_t block;
   bool zero_point;
   int scale_dtype;  // what scales are rounded to
+  // Plain zero-point RTN in ONNX Runtime's arithmetic (QuantSpec::zero_point_rounding; RtnBody and
+  // RtnWarpBlocks only).
+  bool ort_zero_point = false;
 };
+
+// A zero-point block's parameters in the arithmetic `s` names.
+NIBBLE_HD inline hd::Params zero_point_params(const BlockShape& s, float mn, float mx, int dtype) {
+  return s.ort_zero_point ? hd::params_zero_point_ort(mn, mx, s.bits, dtype) : hd::params_zero_point(mn, mx, s.bits, dtype);
+}
+// A code in the arithmetic `s` names; `reciprocal` is hd::reciprocal_ort(p.scale).
+NIBBLE_HD inline uint8_t code_of(const BlockShape& s, float v, hd::Params p, float reciprocal, int dtype) {
+  return s.ort_zero_point ? hd::quantize_ort(v, reciprocal, p.zero_point, s.bits)
+                          : hd::quantize(v, p, s.bits, s.zero_point, dtype);
+}
 
 // Codes of block (g, n) with params p; returns Σ (w - ŵ)² in double, ŵ in the weight dtype.
 NIBBLE_HD inline double write_block(const WeightView& w, const BlockShape& s, int64_t k0, int64_t k1, int64_t n,
                                     hd::Params p, uint8_t* codes) {
   double err = 0;
+  const float reciprocal = hd::reciprocal_ort(p.scale);
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t i = w.index(k, n);
     const float v = hd::load(w.dtype, w.data, i);
-    const uint8_t c = hd::quantize(v, p, s.bits, s.zero_point, w.dtype);
+    const uint8_t c = code_of(s, v, p, reciprocal, w.dtype);
     codes[i] = c;
     const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
     err += d * d;
@@ -77,7 +91,7 @@ struct RtnBody {
         mn = hd::min(mn, v);
         mx = hd::max(mx, v);
       }
-      p = hd::params_zero_point(mn, mx, s.bits, w.dtype);
+      p = zero_point_params(s, mn, mx, w.dtype);
     } else {
       float amax = 0.0f;
       for (int64_t k = k0; k < k1; ++k) {

@@ -218,3 +218,28 @@ def hqq(x: np.ndarray, lp_norm: float = 0.7, beta: float = 10.0, kappa: float = 
         zps[b] = np.uint8(np.clip(np.rint(z), 0, 15))
     codes = _rtn_zp(x, scale, zps.astype(f32)).astype(np.uint8)
     return scale, zps, codes
+
+
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    """C's roundf: halves away from zero (v - trunc(v) is exact in float32)."""
+    t = np.trunc(v)
+    return (t + np.where(np.abs(v - t) >= f32(0.5), np.sign(v), f32(0))).astype(v.dtype)
+
+
+def ort_zero_point(x: np.ndarray, dtype=np.float32):
+    """ONNX Runtime's asymmetric 4-bit RTN of rows x (MLAS's blockwise quantizer, written from its
+    source): range [min(x, 0), max(x, 0)], scale (max - min) / 15 in float32 stored as `dtype`, zero
+    point roundf(-min / scale) from the unrounded scale, codes roundf(x * (1 / s) + z) from the stored
+    scale s. An all-zero block gets 1e-5 (nibble's departure: MLAS stores 0; the codes are the same).
+    Returns (scale as float32, zero point, codes)."""
+    mn = np.minimum(x.min(axis=1), f32(0))
+    mx = np.maximum(x.max(axis=1), f32(0))
+    sf = ((mx - mn) / f32(15)).astype(f32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zf = np.where(sf != 0, f32(0) - mn / sf, mn).astype(f32)
+    z = np.clip(round_half_away(zf), 0, 15).astype(np.uint8)
+    s = np.where(sf != 0, sf.astype(dtype).astype(f32), f32(np.float32(1e-5).astype(dtype)))
+    rs = np.where(sf != 0, f32(1) / s, f32(0)).astype(f32)
+    q = (x * rs[:, None]).astype(f32) + z[:, None].astype(f32)
+    codes = np.clip(round_half_away(q.astype(f32)), 0, 15).astype(np.uint8)
+    return s.astype(f32), z, codes

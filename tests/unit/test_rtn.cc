@@ -88,6 +88,36 @@ TEST(Rtn, ZeroPointPartialBlockIncludesPadding) {
   EXPECT_EQ(q4.scales[0], 1.0f / 15.0f);
 }
 
+// ONNX Runtime's zero-point arithmetic (MLAS's blockwise quantizer), by hand: [min(x, 0), max(x, 0)],
+// s = range / 15, z = roundf(-min / s), codes roundf(x * (1 / s) + z), halves away from zero.
+TEST(Rtn, OnnxRuntimeZeroPointHandComputed) {
+  QuantSpec spec{4, 8, true};
+  spec.zero_point_rounding = ZeroPointRounding::kOnnxRuntime;
+  // min -1.5, max 6: s = 0.5, z = 3; 0.25 -> 3.5 -> 4 (ModelOpt: rint(0.5) + 3 = 3), 0.75 -> 4.5 -> 5.
+  std::vector<float> w = {-1.5f, 6.0f, 0.25f, 0.75f, -0.25f, 1.0f, 0.0f, 2.2f};
+  auto q = run(w, 8, 1, 0, spec);
+  EXPECT_EQ(q.scales[0], 0.5f);
+  EXPECT_EQ(q.zero_points[0], 3);
+  EXPECT_EQ(q.codes, (std::vector<uint8_t>{0, 15, 4, 5, 3, 5, 3, 7}));
+  auto m = run(w, 8, 1, 0, QuantSpec{4, 8, true});
+  EXPECT_EQ(m.codes[2], 3);  // ModelOpt's half to even
+  // min -1.25, max 6.25: s = 0.5, z = roundf(2.5) = 3, where ModelOpt's -rint(-2.5) is 2.
+  w = {-1.25f, 6.25f, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(run(w, 8, 1, 0, spec).zero_points[0], 3);
+  EXPECT_EQ(run(w, 8, 1, 0, QuantSpec{4, 8, true}).zero_points[0], 2);
+  // An all-positive full block: ONNX Runtime's range still holds 0 (s = 8 / 15, z = 0); ModelOpt's is
+  // [1, 8] (s = 7 / 15).
+  w = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(run(w, 8, 1, 0, spec).scales[0], 8.0f / 15.0f);
+  EXPECT_EQ(run(w, 8, 1, 0, QuantSpec{4, 8, true}).scales[0], 7.0f / 15.0f);
+  // An all-zero block: z = 0 and every code 0, as MLAS; the scale is ModelOpt's smallest where MLAS
+  // writes 0 (a QuantizeLinear would divide by it).
+  q = run(std::vector<float>(8, 0.0f), 8, 1, 0, spec);
+  EXPECT_EQ(q.scales[0], 1e-5f);
+  EXPECT_EQ(q.zero_points[0], 0);
+  EXPECT_EQ(q.codes, std::vector<uint8_t>(8, 0));
+}
+
 TEST(Rtn, Int8PerChannel) {
   std::vector<float> w = {127.0f, -64.0f, 0.5f, 1.5f};
   auto q = run(w, 4, 1, 0, QuantSpec{8, 4, false});

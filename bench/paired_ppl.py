@@ -41,8 +41,8 @@ def compare(a: dict, b: dict) -> dict:
     var = sum((v - mean) ** 2 for v in d) / (n - 1) if n > 1 else float("nan")
     se = math.sqrt(var / n) if n > 1 else float("nan")
     return {"windows": n, "ppl_a": a["ppl"], "ppl_b": b["ppl"], "ratio": b["ppl"] / a["ppl"],
-            "mean_dnll": mean, "se": se, "t": mean / se if se > 0 else float("nan"),
-            "b_better_windows": sum(v < 0 for v in d)}
+            "mean_dnll": mean, "se": se, "t": mean / se if se > 0 else None,  # None: no spread (identical)
+            "b_better_windows": sum(v < 0 for v in d), "identical": all(v == 0 for v in d)}
 
 
 def main(argv=None) -> int:
@@ -54,8 +54,12 @@ def main(argv=None) -> int:
     r = compare(load(args.a), load(args.b))
     na, nb = args.names
     print(f"{na}: ppl {r['ppl_a']:.4f}   {nb}: ppl {r['ppl_b']:.4f}   {nb}/{na} {r['ratio']:.5f}")
-    print(f"{r['windows']} windows: mean nll({nb}) - nll({na}) = {r['mean_dnll']:+.6f} "
-          f"(se {r['se']:.6f}, t {r['t']:+.2f}); {nb} lower on {r['b_better_windows']} windows")
+    if r["identical"]:
+        print(f"{r['windows']} windows: the same NLL on every window")
+    else:
+        t = "undefined" if r["t"] is None else f"{r['t']:+.2f}"
+        print(f"{r['windows']} windows: mean nll({nb}) - nll({na}) = {r['mean_dnll']:+.6f} "
+              f"(se {r['se']:.6f}, t {t}); {nb} lower on {r['b_better_windows']} windows")
     print(json.dumps(r))
     return 0
 

@@ -204,7 +204,12 @@ def test_paired_ppl_statistics(tmp_path):
     assert r["mean_dnll"] == pytest.approx(0.05, abs=1e-12)
     assert r["se"] == pytest.approx(math.sqrt(0.01 / 3) / 2, rel=1e-9)
     assert r["t"] == pytest.approx(0.05 / (math.sqrt(0.01 / 3) / 2), rel=1e-9)
-    assert r["ratio"] == pytest.approx(math.exp(0.05), rel=1e-12)
+    assert r["ratio"] == pytest.approx(math.exp(0.05), rel=1e-12) and not r["identical"]
+    # The same NLL on every window (two byte-identical models): no t, said so, and valid JSON.
+    same = subprocess.run([sys.executable, os.path.join(REPO, "bench", "paired_ppl.py"), str(pa), str(pa)],
+                          capture_output=True, text=True, check=True).stdout
+    r = json.loads(same.strip().splitlines()[-1])
+    assert r["identical"] and r["t"] is None and r["mean_dnll"] == 0 and "the same NLL" in same
     pb.write_text(json.dumps({**b, "window_nll": b["window_nll"][:3]}) + "\n")
     bad = subprocess.run([sys.executable, os.path.join(REPO, "bench", "paired_ppl.py"), str(pa), str(pb)],
                          capture_output=True, text=True)

@@ -6,12 +6,14 @@
 //
 // A symmetric block's codes at inverse scale v / m (m its signed extreme) are l_k = clamp(rint(v·x_k / m)).
 // Over the search's range of |v| (1.8 codes wide, as llama.cpp's make_qx_quants: ±9 steps of 0.1
-// around the extreme's code) each |l_k| steps up at most twice, at grid positions that one look at the
-// element gives. So every point of a fine grid of |v| (kGrid points per sign family) has its codes'
-// sums B = Σ w·|x|·|l| and C = Σ w·l² from a comparison and a masked add per element and point, in
+// around the extreme's code -2^(b-1)) each |l_k| steps up at most twice, at grid positions that one look
+// at the element gives. So every point of a fine grid of |v| (kGrid points) has its codes' sums
+// B = Σ w·|x|·|l| and C = Σ w·l² from a comparison and a masked add per element and point, in
 // registers, and so its exact weighted RTN error, Σ w·x² - 2·s·B + s²·C at the grid's scale s. A pass
-// scores kPoints points: a coarse pass over the whole grid of each family, then one fine pass around
-// the best point, in its family: 3 passes per block.
+// scores kPoints points: a coarse pass over the whole grid, then one fine pass around the best point:
+// 2 passes per block. Only llama.cpp's orientation is searched (the extreme on the code -2^(b-1), the
+// longer side); the other one (the extreme on +2^(b-1) - 1) cost a third of the search's time for 0.4%
+// perplexity on SmolLM2 (bench/RESULTS.md).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -20,10 +22,10 @@
 
 namespace nibble::kernels::lsq_grid {
 
-constexpr int kGrid = 64;    // grid points per sign family: |v| = v0 + delta·i, i in [0, kGrid)
+constexpr int kGrid = 64;    // grid points: |v| = v0 + delta·i, i in [0, kGrid)
 constexpr int kPoints = 8;   // points scored per pass over the block
 constexpr int kCoarse = 9;   // the coarse pass's spacing: i = 0, 9, ..., 63
-constexpr int kFine = 4;     // the fine pass: the coarse best's i ± 1 .. ± kFine, in the best's family
+constexpr int kFine = 4;     // the fine pass: the coarse best's i ± 1 .. ± kFine
 static_assert(kCoarse * (kPoints - 1) == kGrid - 1 && 2 * kFine == kPoints, "the passes cover the grid");
 
 // What the search found: the best grid point's scale and the least-squares scale of its codes
@@ -35,22 +37,21 @@ struct Pick {
   bool found = false;
 };
 
-// One sign family's grid.
+// The grid: the extreme on code -nmax, so the scale's sign is -m's.
 struct Family {
   float v0, delta, inv_delta;
   float cap_same, cap_other;  // the largest code magnitude of an element of the extreme's sign / the other
 };
 
-NIBBLE_HD inline Family family(int side, int bits, int steps) {
+NIBBLE_HD inline Family family(int bits, int steps) {
   const float nmax = float(1 << (bits - 1)), hi = nmax - 1.0f;
-  const float step = 0.1f * nmax / 8.0f;     // llama.cpp's 0.1 of 8 levels, the same relative step at 8 bits
-  const float edge = side == 0 ? nmax : hi;  // the extreme on code -nmax (side 0) or on +hi (side 1)
+  const float step = 0.1f * nmax / 8.0f;  // llama.cpp's 0.1 of 8 levels, the same relative step at 8 bits
   Family f;
-  f.v0 = edge - step * float(steps);
+  f.v0 = nmax - step * float(steps);
   f.delta = 2.0f * step * float(steps) / float(kGrid - 1);
   f.inv_delta = 1.0f / f.delta;
-  f.cap_same = side == 0 ? nmax : hi;
-  f.cap_other = side == 0 ? hi : nmax;
+  f.cap_same = nmax;
+  f.cap_other = hi;
   return f;
 }
 
@@ -76,8 +77,8 @@ NIBBLE_HD inline Element element(const Family& f, float x, float w, float amax, 
   return e;
 }
 
-// The best so far, over points and families (scores leave out Σ w·x², the same for every point), and
-// its grid position.
+// The best so far, over the points (scores leave out Σ w·x², the same for every point), and its grid
+// position.
 struct Best {
   Pick pick;
   double score = 0;
@@ -115,28 +116,22 @@ NIBBLE_HD void score_pass(const X& x, const W& w, int n, const Family& f, float 
   }
 }
 
-// The search over both families. `x` and `w` are the block and its importances (anything with [k] ->
-// float); m is the signed extreme and amax = |m| > 0, finite.
+// The search. `x` and `w` are the block and its importances (anything with [k] -> float); m is the
+// signed extreme and amax = |m| > 0, finite.
 template <class X, class W>
 NIBBLE_HD Pick search(const X& x, const W& w, int n, float m, float amax, int bits, int steps) {
-  // side 0 puts the extreme on a negative code (the scale's sign is -m's), side 1 on a positive one
-  const Family f0 = family(0, bits, steps), f1 = family(1, bits, steps);
-  const float sign0 = m < 0.0f ? 1.0f : -1.0f, sign1 = -sign0;
+  const Family f = family(bits, steps);
+  const float sign = m < 0.0f ? 1.0f : -1.0f;
   float pt[kPoints];
   for (int p = 0; p < kPoints; ++p) pt[p] = float(kCoarse * p);
   Best best;
-  score_pass(x, w, n, f0, m, amax, sign0, pt, best);
-  const bool found0 = best.pick.found;
-  const double score0 = best.score;
-  score_pass(x, w, n, f1, m, amax, sign1, pt, best);
+  score_pass(x, w, n, f, m, amax, sign, pt, best);
   if (!best.pick.found) return best.pick;
-  const bool in1 = !found0 || best.score < score0;  // the best point is family 1's
   for (int p = 0; p < kPoints; ++p) {
     const float off = float(p < kFine ? p - kFine : p - kFine + 1);  // -4 .. -1, 1 .. 4
     pt[p] = hd::min(hd::max(best.at + off, 0.0f), float(kGrid - 1));
   }
-  // (the family made again, not one of the two picked by reference: on a GPU that put both in local memory)
-  score_pass(x, w, n, family(in1 ? 1 : 0, bits, steps), m, amax, in1 ? sign1 : sign0, pt, best);
+  score_pass(x, w, n, f, m, amax, sign, pt, best);
   return best.pick;
 }
 

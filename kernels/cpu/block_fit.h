@@ -79,8 +79,8 @@ inline const float* importances(const float* x, int64_t n, FitWeight how) {
 
 // Symmetric, 2^b levels. Start from the grid that puts the block's signed extreme m on code -2^(b-1)
 // (s = m / -2^(b-1), ONNX Runtime's RTN). Candidates, as llama.cpp's make_qx_quants, at inverse scales
-// around -2^(b-1) / m and (the other sign) around (2^(b-1) - 1) / m, but on a fine grid whose every
-// point's exact weighted RTN error comes from one pass over the block (kernels/lsq_grid.h). The best grid
+// around -2^(b-1) / m, but on a fine grid whose every point's exact weighted RTN error comes from one
+// pass over the block (kernels/lsq_grid.h). The best grid
 // point's codes give the candidate: their least-squares scale Σ w·x·l / Σ w·l², which re-rounding can
 // only improve on (RTN's codes are each element's nearest at that scale), so it is never worse than the
 // grid point's own scale before both are rounded to the scale type. The candidate is rounded to the scale

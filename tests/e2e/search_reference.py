@@ -6,11 +6,11 @@ K a multiple of the block, all blocks at once ([blocks, bs] rows):
   importance of each element: w = rms(block) + |x|  (llama.cpp's k-quant weighting)
   rtn_lsq, symmetric:
       m = the block's signed extreme (first largest |x|);  start s0 = m / -8, best = s0
-      candidates: for each side (the extreme on code -8, or on +7) a grid of 64 inverse scales
-        v_i / m, |v_i| from |edge| - 0.9 to |edge| + 0.9; a grid point's codes are clip(rint(v_i/m · x))
+      candidates: the extreme on code -8 (llama.cpp's orientation), a grid of 64 inverse scales
+        v_i / m, |v_i| from 8 - 0.9 to 8 + 0.9; a grid point's codes are clip(rint(v_i/m · x))
         and its rank the exact error Σ w·(x - s_i·l)² at s_i = m / v_i. Scored: the 8 points
-        0, 9, .., 63 of each side, then the best of those 16 ± 1..4 in its side; the best point overall
-        gives the candidate, the least-squares fit of its codes Σ w·x·l / Σ w·l², kept where it lowers
+        0, 9, .., 63, then the best of those ± 1..4; the best point gives the candidate, the
+        least-squares fit of its codes Σ w·x·l / Σ w·l², kept where it lowers
         the error Σ w·(x - s·l)² (float32, in element order)
   hqq: is = min(15 / (mx - mn), 2e4), z = rint(-mn · is), β = 10; up to 20 times:
       q = clip(rint(x·is + z), 0, 15); r = x - (q - z) / is; e = sign(r)·relu(|r| - |r + 1e-8|^(p-1) / β)
@@ -77,36 +77,34 @@ def _grid_pick(x, w, m, steps=9):
     pick_s, pick_l = np.full(B_, np.nan, dtype=f32), np.full(B_, np.nan)
     step = f32(f32(f32(0.1) * f32(8)) / f32(8))
     best_at = np.zeros(B_, dtype=f32)
-    sides = []
-    for side, edge in ((0, f32(8)), (1, f32(7))):
-        v0 = f32(edge - f32(step * f32(steps)))
-        delta = f32(f32(f32(f32(2) * step) * f32(steps)) / f32(63))
-        inv_delta = f32(f32(1) / delta)
-        same = (x < 0) == (m < 0)[:, None]
-        cap = np.where(same, f32(8) if side == 0 else f32(7), f32(7) if side == 0 else f32(8)).astype(f32)
-        sign = np.where((m < 0) == (side == 0), f32(1), f32(-1)).astype(f32)
-        ax = np.abs(x)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = (ax * inv[:, None]).astype(f32)
-            q = (amax[:, None] / ax).astype(f32)
-            near = np.rint((v0 * r).astype(f32)).astype(f32)
-            l0 = np.where(near < cap, near, cap).astype(f32)
-            j2 = (l0 + f32(1)).astype(f32)
-            t1 = (((l0 + f32(0.5)).astype(f32) * q - v0).astype(f32) * inv_delta).astype(f32)
-            t2 = (((j2 + f32(0.5)).astype(f32) * q - v0).astype(f32) * inv_delta).astype(f32)
-        at1 = np.where(l0 < cap, t1, np.inf).astype(f32)
-        at2 = np.where(j2 < cap, t2, np.inf).astype(f32)
-        a = (w * ax).astype(f32)
-        c0 = ((w * l0).astype(f32) * l0).astype(f32)
-        dc1 = (w * (f32(2) * l0 + f32(1)).astype(f32)).astype(f32)
-        dc2 = (w * (f32(2) * j2 + f32(1)).astype(f32)).astype(f32)
-        b, c = np.zeros(B_, dtype=f32), np.zeros(B_, dtype=f32)
-        for k in range(n):
-            b = (b + (a[:, k] * l0[:, k]).astype(f32)).astype(f32)
-            c = (c + c0[:, k]).astype(f32)
-        sides.append(dict(v0=v0, delta=delta, sign=sign, at1=at1, at2=at2, a=a, dc1=dc1, dc2=dc2, b=b, c=c))
+    v0 = f32(f32(8) - f32(step * f32(steps)))
+    delta = f32(f32(f32(f32(2) * step) * f32(steps)) / f32(63))
+    inv_delta = f32(f32(1) / delta)
+    same = (x < 0) == (m < 0)[:, None]
+    cap = np.where(same, f32(8), f32(7)).astype(f32)
+    sign = np.where(m < 0, f32(1), f32(-1)).astype(f32)
+    ax = np.abs(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = (ax * inv[:, None]).astype(f32)
+        q = (amax[:, None] / ax).astype(f32)
+        near = np.rint((v0 * r).astype(f32)).astype(f32)
+        l0 = np.where(near < cap, near, cap).astype(f32)
+        j2 = (l0 + f32(1)).astype(f32)
+        t1 = (((l0 + f32(0.5)).astype(f32) * q - v0).astype(f32) * inv_delta).astype(f32)
+        t2 = (((j2 + f32(0.5)).astype(f32) * q - v0).astype(f32) * inv_delta).astype(f32)
+    at1 = np.where(l0 < cap, t1, np.inf).astype(f32)
+    at2 = np.where(j2 < cap, t2, np.inf).astype(f32)
+    a = (w * ax).astype(f32)
+    c0 = ((w * l0).astype(f32) * l0).astype(f32)
+    dc1 = (w * (f32(2) * l0 + f32(1)).astype(f32)).astype(f32)
+    dc2 = (w * (f32(2) * j2 + f32(1)).astype(f32)).astype(f32)
+    b, c = np.zeros(B_, dtype=f32), np.zeros(B_, dtype=f32)
+    for k in range(n):
+        b = (b + (a[:, k] * l0[:, k]).astype(f32)).astype(f32)
+        c = (c + c0[:, k]).astype(f32)
+    grid = dict(v0=v0, delta=delta, sign=sign, at1=at1, at2=at2, a=a, dc1=dc1, dc2=dc2, b=b, c=c)
 
-    def score_pass(g, pt):  # g: each block's side's arrays; pt [B, 8] float32 grid positions
+    def score_pass(g, pt):  # g: the grid's arrays; pt [B, 8] float32 grid positions
         Bp, Cp = np.zeros((B_, 8), dtype=f32), np.zeros((B_, 8), dtype=f32)
         for k in range(n):
             m1, m2 = g["at1"][:, k:k + 1] <= pt, g["at2"][:, k:k + 1] <= pt
@@ -129,18 +127,9 @@ def _grid_pick(x, w, m, steps=9):
             pick_l[:] = np.where(take, lsq, pick_l)
 
     coarse = np.tile(np.arange(0, 64, 9, dtype=f32), (B_, 1))
-    score_pass(sides[0], coarse)
-    found0, score0 = best_score != np.inf, best_score.copy()
-    score_pass(sides[1], coarse)
-    in1 = ~found0 | (best_score < score0)  # the best point is side 1's
-
-    def pick(key):  # each block's value from the side its best point is in
-        a0, a1 = np.broadcast_arrays(sides[0][key], sides[1][key])
-        return np.where(in1 if a0.ndim < 2 else in1[:, None], a1, a0).astype(f32)
-
-    g = {k: pick(k) for k in sides[0]}
+    score_pass(grid, coarse)
     offs = np.array([-4, -3, -2, -1, 1, 2, 3, 4], dtype=f32)
-    score_pass(g, np.clip(best_at[:, None] + offs, f32(0), f32(63)).astype(f32))
+    score_pass(grid, np.clip(best_at[:, None] + offs, f32(0), f32(63)).astype(f32))
     return pick_s, pick_l
 
 

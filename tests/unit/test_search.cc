@@ -114,7 +114,7 @@ TEST(Search, LsqNeverWorseThanItsStartAndBeatsModelOptsGrid) {
 }
 
 // The grid search's premise: an element's code magnitude at grid point i, l0 plus its steps at
-// positions <= i, is RTN's clamp(rint(|v_i| · |x| / amax)) at every point of both families (exact
+// positions <= i, is RTN's clamp(rint(|v_i| · |x| / amax)) at every point of the grid (exact
 // ties aside, where float rounding may go either way).
 TEST(Search, GridStepsAreRtnCodesAtEveryGridPoint) {
   const TestWeight tw = make_weight(DType::kFloat32, 128, 64, 0, 21);
@@ -126,8 +126,8 @@ TEST(Search, GridStepsAreRtnCodesAtEveryGridPoint) {
       x[size_t(k)] = tw.f32[size_t(k * 64 + n)];
       if (std::fabs(x[size_t(k)]) > amax) amax = std::fabs(x[size_t(k)]), m = x[size_t(k)];
     }
-    for (int side = 0; side < 2; ++side) {
-      const lsq_grid::Family f = lsq_grid::family(side, 4, 9);
+    {
+      const lsq_grid::Family f = lsq_grid::family(4, 9);
       for (float v : x) {
         const lsq_grid::Element e = lsq_grid::element(f, v, 1.0f, amax, 1.0f / amax, (v < 0) == (m < 0));
         const float cap = (v < 0) == (m < 0) ? f.cap_same : f.cap_other;
@@ -142,7 +142,7 @@ TEST(Search, GridStepsAreRtnCodesAtEveryGridPoint) {
       }
     }
   }
-  EXPECT_GT(checked, 1000000);
+  EXPECT_GT(checked, 500000);  // 64 channels x 128 elements x 64 points, ties left out
   EXPECT_EQ(differ, 0);
 }
 

@@ -68,12 +68,22 @@ inline float fast_rint(float v) {
   return (v + kMagic) - kMagic;
 }
 
+// The importance of element x as the searches' sums weigh it: importance() in float arithmetic (rms + |x|
+// from the rms rounded to float; x² is float's correctly rounded product, as the double one rounded).
+inline float importance_f(FitWeight how, float x, float rms) {
+  switch (how) {
+    case FitWeight::kSquare: return x * x;
+    case FitWeight::kMagnitude: return rms + std::fabs(x);
+    default: return 1.0f;
+  }
+}
+
 // The importance of every element of a block (kept per thread: blocks may be a whole channel).
 inline const float* importances(const float* x, int64_t n, FitWeight how) {
   thread_local std::vector<float> w;
   w.resize(size_t(n));
-  const double rms = block_rms(x, n);
-  for (int64_t k = 0; k < n; ++k) w[size_t(k)] = float(importance(how, x[k], rms));
+  const float rms = float(block_rms(x, n));
+  for (int64_t k = 0; k < n; ++k) w[size_t(k)] = importance_f(how, x[k], rms);
   return w.data();
 }
 

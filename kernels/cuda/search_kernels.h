@@ -42,7 +42,12 @@ NIBBLE_HD inline double importance(int how, float x, double rms) {
   if (how == kMagnitude) return rms + double(hd::fabs(x));
   return 1.0;
 }
-NIBBLE_HD inline float weight_of(int how, float x, double rms) { return float(importance(how, x, rms)); }
+// fit::importance_f (the rms rounded to float)
+NIBBLE_HD inline float weight_of(int how, float x, double rms) {
+  if (how == kSquare) return x * x;
+  if (how == kMagnitude) return float(rms) + hd::fabs(x);
+  return 1.0f;
+}
 
 NIBBLE_HD inline double block_rms(const Block& x) {
   double s = 0;

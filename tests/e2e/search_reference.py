@@ -57,7 +57,7 @@ def importance(x: np.ndarray):
     xd = x.astype(np.float64)
     rms = np.sqrt((xd * xd).sum(axis=1) / x.shape[1])
     imp = rms[:, None] + np.abs(xd)
-    return imp, imp.astype(f32)
+    return imp, (rms.astype(f32)[:, None] + np.abs(x)).astype(f32)
 
 
 def _rtn_sym(x, s):

@@ -98,13 +98,21 @@ NIBBLE_HD void score_pass(const X& x, const W& w, int n, const Family& f, float 
     const Element e = element(f, v, w[k], amax, inv, (v < 0.0f) == (m < 0.0f));
     b += e.a * e.l0;
     c += e.c0;
-    for (int p = 0; p < kPoints; ++p) {
+    for (int p = 0; p < kPoints; ++p)
       if (e.at1 <= pt[p]) B[p] += e.a, C[p] += e.dc1;
+  }
+  for (int p = 0; p < kPoints; ++p) B[p] = b + B[p], C[p] = c + C[p];
+  // The second steps after the first, summed in their own pass over the block: only elements near the
+  // extreme step twice on the grid (at 4 bits, |x| above about 0.83 of it), so a vector kernel adds them
+  // for the few elements where one of its lanes does.
+  for (int k = 0; k < n; ++k) {
+    const float v = x[k];
+    const Element e = element(f, v, w[k], amax, inv, (v < 0.0f) == (m < 0.0f));
+    for (int p = 0; p < kPoints; ++p)
       if (e.at2 <= pt[p]) B[p] += e.a, C[p] += e.dc2;
-    }
   }
   for (int p = 0; p < kPoints; ++p) {
-    const float bb = b + B[p], cc = c + C[p];
+    const float bb = B[p], cc = C[p];
     if (!(cc > 0.0f)) continue;
     const float s = amax / (f.v0 + f.delta * pt[p]);
     const double score = double(s) * (double(s) * double(cc) - 2.0 * double(bb));

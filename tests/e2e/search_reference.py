@@ -106,14 +106,17 @@ def _grid_pick(x, w, m, steps=9):
 
     def score_pass(g, pt):  # g: the grid's arrays; pt [B, 8] float32 grid positions
         Bp, Cp = np.zeros((B_, 8), dtype=f32), np.zeros((B_, 8), dtype=f32)
-        for k in range(n):
-            m1, m2 = g["at1"][:, k:k + 1] <= pt, g["at2"][:, k:k + 1] <= pt
+        for k in range(n):  # the first steps, then (on top of the sums at v0) the second ones
+            m1 = g["at1"][:, k:k + 1] <= pt
             Bp = np.where(m1, Bp + g["a"][:, k:k + 1], Bp).astype(f32)
             Cp = np.where(m1, Cp + g["dc1"][:, k:k + 1], Cp).astype(f32)
+        Bp, Cp = (g["b"][:, None] + Bp).astype(f32), (g["c"][:, None] + Cp).astype(f32)
+        for k in range(n):
+            m2 = g["at2"][:, k:k + 1] <= pt
             Bp = np.where(m2, Bp + g["a"][:, k:k + 1], Bp).astype(f32)
             Cp = np.where(m2, Cp + g["dc2"][:, k:k + 1], Cp).astype(f32)
         for p in range(8):
-            bb, cc = (g["b"] + Bp[:, p]).astype(f32), (g["c"] + Cp[:, p]).astype(f32)
+            bb, cc = Bp[:, p], Cp[:, p]
             s = (amax / (g["v0"] + (g["delta"] * pt[:, p]).astype(f32)).astype(f32)).astype(f32)
             sd = s.astype(np.float64)
             score = sd * (sd * cc.astype(np.float64) - 2.0 * bb.astype(np.float64))

@@ -11,6 +11,10 @@ NLL (tools/eval_ppl.py's "window_nll") has a standard error that says how sure t
 
 prints each perplexity, the ratio B/A, and mean(nll_B - nll_A) per window with its standard error and
 t = mean / se (|t| < 2: the order is within what other text could reverse).
+
+A side may be several evaluations joined by '+' (e.g. the eval and the calib split of a method that reads
+no calibration data: `a_eval.json+a_calib.json`): their windows are pooled, in order, and paired with the
+other side's, which must cover the same splits in the same order.
 """
 from __future__ import annotations
 
@@ -20,7 +24,19 @@ import math
 import sys
 
 
-def load(path: str) -> dict:
+def load(spec: str) -> dict:
+    """One evaluation, or several joined by '+' pooled into one (windows in order)."""
+    parts = [load_one(p) for p in spec.split("+")]
+    if len(parts) == 1:
+        return parts[0]
+    if len({p.get("seq_len") for p in parts}) != 1:
+        raise SystemExit(f"paired_ppl: {spec}: the evaluations have different --seq_len")
+    w = [v for p in parts for v in p["window_nll"]]
+    return {"ppl": math.exp(sum(w) / len(w)), "window_nll": w, "seq_len": parts[0].get("seq_len"),
+            "split": "+".join(str(p.get("split", "eval")) for p in parts)}
+
+
+def load_one(path: str) -> dict:
     with open(path) as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
     if not lines:
@@ -33,7 +49,8 @@ def load(path: str) -> dict:
 
 def compare(a: dict, b: dict) -> dict:
     wa, wb = a["window_nll"], b["window_nll"]
-    if len(wa) != len(wb) or a.get("seq_len") != b.get("seq_len"):
+    if (len(wa) != len(wb) or a.get("seq_len") != b.get("seq_len")
+            or a.get("split", "eval") != b.get("split", "eval")):
         raise SystemExit("paired_ppl: the two evaluations cover different windows")
     d = [y - x for x, y in zip(wa, wb)]
     n = len(d)

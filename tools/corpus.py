@@ -17,6 +17,7 @@ depend on anything but the file: same file -> same splits, on every machine.
     calibration_texts()      # list[str], calibration split, packed to >= 2000 chars each
     eval_texts()             # list[str], eval split, one document each
     eval_stream()            # str, the eval documents in file order joined by blank lines
+    split_stream("calib")    # str, the same for either split
 
 CLI:  python tools/corpus.py --stats
       python tools/corpus.py --split calib --jsonl out.jsonl   # {"text": ...} per line
@@ -150,6 +151,12 @@ def eval_texts(path: str | None = None) -> list[str]:
 
 def eval_stream(path: str | None = None) -> str:
     return "\n\n".join(eval_texts(path))
+
+
+def split_stream(split: str, path: str | None = None) -> str:
+    """Either split's documents in file order joined by blank lines (eval_stream for "eval"). The
+    calibration split is held-out text for a method that reads no calibration data (RTN, HQQ)."""
+    return "\n\n".join(_doc_text(t, x) for t, x in split_documents(split, path))
 
 
 def calibration_texts(n: int | None = None, min_chars: int = 2000,

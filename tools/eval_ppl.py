@@ -6,7 +6,8 @@ position_ids, past_key_values.N.key/value (fed empty: batch x kv_heads x 0 x hea
 head counts read from the model's own inputs, else from genai_config.json), output `logits`.
 fp32, fp16 and quantized (DequantizeLinear / QDQ / MatMulNBits) models alike.
 
-The eval split is tokenized once (tokenizer.json beside the model, or --tokenizer) and cut into
+The eval split (or --split calib: held-out text too for a method that reads no calibration data, such as
+RTN) is tokenized once (tokenizer.json beside the model, or --tokenizer) and cut into
 consecutive, non-overlapping windows of --seq_len tokens; each window is one forward pass from an
 empty cache; ppl = exp(mean NLL of tokens 2..L of every window). Runs on ONNX Runtime's CPU
 provider (or --provider), with session option session.qdq_matmulnbits_accuracy_level pinned
@@ -152,25 +153,25 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
     return float((lse - lg[np.arange(len(targets)), targets]).sum())
 
 
-def eval_tokens(tok, seq_len: int, windows: int) -> np.ndarray:
-    """First windows*seq_len tokens of the eval split, as [windows, seq_len]."""
-    from corpus import eval_stream
-    ids = np.asarray(tok.encode(eval_stream()).ids, dtype=np.int64)
+def eval_tokens(tok, seq_len: int, windows: int, split: str = "eval") -> np.ndarray:
+    """First windows*seq_len tokens of the split (eval unless told), as [windows, seq_len]."""
+    from corpus import split_stream
+    ids = np.asarray(tok.encode(split_stream(split)).ids, dtype=np.int64)
     avail = len(ids) // seq_len
     if windows > avail:
-        raise ValueError(f"eval split has {len(ids)} tokens: at most {avail} windows of {seq_len}")
+        raise ValueError(f"{split} split has {len(ids)} tokens: at most {avail} windows of {seq_len}")
     return ids[: windows * seq_len].reshape(windows, seq_len)
 
 
 def eval_ppl(model_path: str, windows: int = 32, seq_len: int = 256, batch_size: int = 1,
              accuracy_level: str | int | None = "1", samples: int = 0, sample_tokens: int = 32,
              tokenizer: str | None = None, threads: int = 0, provider: str = "CPUExecutionProvider",
-             log=None) -> dict:
+             log=None, split: str = "eval") -> dict:
     t0 = time.time()
     sess = make_session(model_path, accuracy_level, threads, provider)
     dec = Decoder(sess, model_path)
     tok = load_tokenizer(model_path, tokenizer)
-    data = eval_tokens(tok, seq_len, windows)
+    data = eval_tokens(tok, seq_len, windows, split)
     t1 = time.time()
     nll, n, per_window = 0.0, 0, []
     for s in range(0, windows, batch_size):
@@ -185,7 +186,7 @@ def eval_ppl(model_path: str, windows: int = 32, seq_len: int = 256, batch_size:
             log(f"  windows {s + batch.shape[0]}/{windows}: running ppl {np.exp(nll / n):.4f}")
     t2 = time.time()
     res = {"model": model_path, "ppl": float(np.exp(nll / n)), "nll": nll / n, "windows": windows,
-           "seq_len": seq_len, "tokens": n, "accuracy_level": None if accuracy_level is None else str(accuracy_level),
+           "seq_len": seq_len, "split": split, "tokens": n, "accuracy_level": None if accuracy_level is None else str(accuracy_level),
            "seconds": round(t2 - t1, 3), "load_seconds": round(t1 - t0, 3),
            "window_nll": per_window}  # (mean nll per window: what bench/paired_ppl.py compares)
     if samples:
@@ -214,11 +215,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--provider", default="CPUExecutionProvider")
+    ap.add_argument("--split", choices=["eval", "calib"], default="eval",
+                    help="corpus split to read (calib: held-out text only for methods without calibration)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
     log = (lambda m: print(m, file=sys.stderr)) if a.verbose else None
     res = eval_ppl(a.model, a.windows, a.seq_len, a.batch_size, a.accuracy_level or None, a.samples,
-                   a.sample_tokens, a.tokenizer, a.threads, a.provider, log)
+                   a.sample_tokens, a.tokenizer, a.threads, a.provider, log, a.split)
     for s in res.get("samples", []):
         print(f"[sample] {s['prompt']!r} -> {s['output']!r}", file=sys.stderr)
     print(json.dumps(res, ensure_ascii=False))

@@ -214,3 +214,26 @@ def test_paired_ppl_statistics(tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(REPO, "bench", "paired_ppl.py"), str(pa), str(pb)],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "different windows" in bad.stderr
+
+
+def test_paired_ppl_pools_splits(tmp_path):
+    """Sides joined by '+' pool their windows in order (eval then calib split); a side whose splits differ
+    from the other's is refused rather than paired window for wrong window."""
+    def write(name, split, nll):
+        p = tmp_path / name
+        p.write_text(json.dumps({"ppl": math.exp(sum(nll) / len(nll)), "seq_len": 256, "split": split,
+                                 "window_nll": nll}) + "\n")
+        return str(p)
+    a = write("a_eval.json", "eval", [2.0, 2.2]) + "+" + write("a_calib.json", "calib", [1.8])
+    b = write("b_eval.json", "eval", [2.0, 2.1]) + "+" + write("b_calib.json", "calib", [1.9])
+    script = os.path.join(REPO, "bench", "paired_ppl.py")
+    r = json.loads(subprocess.run([sys.executable, script, a, b], capture_output=True, text=True,
+                                  check=True).stdout.strip().splitlines()[-1])
+    # differences 0, -0.1, +0.1 over three windows: mean 0; pooled ppl = exp(mean of the windows)
+    assert r["windows"] == 3 and r["b_better_windows"] == 1
+    assert r["mean_dnll"] == pytest.approx(0.0, abs=1e-12)
+    assert r["ppl_a"] == pytest.approx(math.exp(6.0 / 3), rel=1e-12)
+    assert r["ppl_b"] == pytest.approx(math.exp(6.0 / 3), rel=1e-12)
+    swapped = b.split("+")[1] + "+" + b.split("+")[0]
+    bad = subprocess.run([sys.executable, script, a, swapped], capture_output=True, text=True)
+    assert bad.returncode != 0 and "different windows" in bad.stderr

@@ -25,8 +25,9 @@ namespace {
 
 constexpr const char* kAlgoHelp =
     "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
-    "calibration, fastest; with --awq_mode nibble (default) each block's scale (and zero point) is searched by "
-    "least squares on 16 levels, with --awq_mode modelopt it is ModelOpt's 15-level amax/7 grid, bit-identical. "
+    "calibration, fastest; with --awq_mode nibble (default) each block's scale is searched by least squares on 16 "
+    "levels (with --use_zero_point: min/max in ONNX Runtime's arithmetic), with --awq_mode modelopt it is "
+    "ModelOpt's 15-level amax/7 grid, bit-identical. "
     "rtn: the same, QuantizeLinear->DequantizeLinear on the float weight. "
     "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
     "ratio search on the calibration data. awq_full: awq_lite then awq_clip. gptq: GPTQ (each channel's rounding error compensated on the channels not "
@@ -46,7 +47,8 @@ struct NamedChoices {
 void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   q.add_option("--onnx_path", o.onnx_path, "Input ONNX model (external data beside it)")->required();
   q.add_option("--output_path", o.output_path,
-               "Output ONNX model; its weights go to OUTPUT.data beside it. A missing folder is created")
+               "Output ONNX model; its weights go to OUTPUT.<hash>.data beside it (<hash>: 16 hex digits of the "
+               "file's content hash). A missing folder is created")
       ->required();
   q.add_option("--algo", c.algo, kAlgoHelp)->capture_default_str();
   q.add_option("--block_size", o.block_size,
@@ -141,7 +143,7 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
                "Device memory the CUDA backend may hold, e.g. 8GiB (default: the free memory less a margin; "
                "cuda_emulated: 1GiB); larger weights and Gram matrices go through in panels");
   q.add_option("--format", c.format,
-               "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for rtn_dq and AWQ), "
+               "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for every algo but rtn), "
                "qdq (QuantizeLinear->DequantizeLinear on the float weight; default for rtn), matmulnbits "
                "(com.microsoft.MatMulNBits)");
   q.add_option("--threads", o.threads, "Worker threads (0: all cores)")->capture_default_str();

@@ -1,7 +1,7 @@
 // The real device layer: the CUDA runtime. GPU builds only; the emulated device is its twin.
 //
 // Written without a GPU and exercised through its emulated twin (the same chunking and ordering logic in
-// kernels/cuda/device.cc, copies done at once); since run on an H200 (bench/gpu-runs).
+// kernels/cuda/device.cc, copies done at once); since run on an H200 (bench/log/gpu-runs).
 //
 // Ordering, all by events (the host waits only where a result must come back):
 //  - compute stream: kernels, cuBLAS/cuSOLVER, device-to-device copies, memsets;

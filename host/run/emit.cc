@@ -68,8 +68,8 @@ kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSp
 }
 
 // What nibble-mode rtn/rtn_dq search: errors weighted by rms(block) + |w| (llama.cpp's choice for its
-// k-quants), which measured the best perplexity of the three weightings on SmolLM2-135M (bench/RESULTS.md
-// "Default RTN and HQQ").
+// k-quants), which measured the best perplexity of the three weightings on SmolLM2-135M
+// (bench/log/2026-11-24.md "Default RTN and HQQ").
 kernels::RtnSearchOptions rtn_lsq_options() {
   kernels::RtnSearchOptions r;
   r.weight = kernels::FitWeight::kMagnitude;

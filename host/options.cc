@@ -28,7 +28,7 @@ constexpr std::pair<const char*, Algo> kAlgos[] = {
     {"awq_lite", Algo::kAwqLite}, {"awq_clip", Algo::kAwqClip}, {"awq_full", Algo::kAwqFull},
     {"rtn", Algo::kRtn},          {"rtn_dq", Algo::kRtnDq},     {"gptq", Algo::kGptq},
     {"awq_gptq", Algo::kAwqGptq}, {"rtn_search", Algo::kRtnSearch},
-    {"hqq", Algo::kHqq}};
+    {"rtn_lsq", Algo::kRtnLsq},   {"hqq", Algo::kHqq}};
 constexpr std::pair<const char*, Arithmetic> kModes[] = {{"nibble", Arithmetic::kNibble},
                                                          {"modelopt", Arithmetic::kModelOpt}};
 constexpr std::pair<const char*, Format> kFormats[] = {

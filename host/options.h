@@ -13,7 +13,7 @@
 
 namespace nibble {
 
-enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kHqq };
+enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kRtnLsq, kHqq };
 // Whose arithmetic the algorithms follow (--awq_mode): nibble's own, or ModelOpt 0.47's with its quirks,
 // for bit-exact codes (host/algo/modelopt_compat.h). host/algo/arithmetic.h is where the two part.
 enum class Arithmetic { kNibble, kModelOpt };

@@ -79,9 +79,9 @@ std::vector<OpCheck> check_backend_ops(Backend& b) {
 std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs) {
   std::vector<OpCheck> out;
   out.push_back(run("rtn", ref, b, cs, [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
-    for (ZeroPointRounding how : {ZeroPointRounding::kModelOpt, ZeroPointRounding::kOnnxRuntime}) {
+    for (RtnArithmetic how : {RtnArithmetic::kModelOpt, RtnArithmetic::kOnnxRuntime}) {
       QuantSpec spec = c.spec();
-      spec.zero_point_rounding = how;
+      spec.rtn_arithmetic = how;
       QuantResult a, x;
       r.rtn(w.m, spec, a);
       g.rtn(w.m, spec, x);

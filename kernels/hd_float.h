@@ -110,6 +110,21 @@ NIBBLE_HD inline float reciprocal_ort(float scale) { return scale != 0.0f ? 1.0f
 NIBBLE_HD inline uint8_t quantize_ort(float w, float reciprocal, uint8_t zero_point, int bits) {
   return uint8_t(clamp(round_half_away(w * reciprocal + float(zero_point)), 0.0f, float((1 << bits) - 1)));
 }
+// ---- ONNX Runtime's symmetric RTN (the same quantizer without zero points): the block's extreme e, of its min
+// and max the one of larger magnitude (the min on a tie), lands on the code -2^(b-1): the scale is
+// -e / 2^(b-1) in float, stored rounded to the weight's type (negative where e is positive), and a code is
+// roundf(w * (1 / s) + 2^(b-1)) clamped to [0, 2^b - 1], less 2^(b-1) (two's complement, as every symmetric
+// code here). Zero-padding a partial block changes neither min nor max's choice, so callers may pass the
+// padded range. The all-zero block keeps the zero-point path's departure above.
+NIBBLE_HD inline Params params_symmetric_ort(float mn, float mx, int bits, int t) {
+  const float e = fabs(mx) > fabs(mn) ? mx : mn;
+  const float sf = -e / float(1 << (bits - 1));
+  return Params{sf != 0.0f ? round_to(t, sf) : min_scale(t), 0};
+}
+NIBBLE_HD inline uint8_t quantize_symmetric_ort(float w, float reciprocal, int bits) {
+  const int half = 1 << (bits - 1);
+  return uint8_t(int8_t(int(quantize_ort(w, reciprocal, uint8_t(half), bits)) - half));
+}
 NIBBLE_HD inline float dequantize(uint8_t code, Params p, bool zero_point) {
   const int q = zero_point ? int(code) - int(p.zero_point) : int(int8_t(code));
   return float(q) * p.scale;

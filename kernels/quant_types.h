@@ -35,11 +35,12 @@ struct WeightMatrix {
   size_t param_index(int64_t G, int64_t g, int64_t n) const { return size_t(k_axis == 0 ? g * cols + n : n * G + g); }
 };
 
-// How plain zero-point RTN (Backend::rtn) computes a block's parameters and codes; symmetric RTN has one
-// arithmetic. kModelOpt: numpy's, as ModelOpt writes it (the block's own [min, max], a partial block
-// zero-padded; halves to even; the zero point from the stored scale; w / s in the weight's type).
-// kOnnxRuntime: MLAS's blockwise quantizer (kernels/hd_float.h params_zero_point_ort, quantize_ort).
-enum class ZeroPointRounding { kModelOpt, kOnnxRuntime };
+// Whose arithmetic plain RTN (Backend::rtn) follows. kModelOpt: numpy's, as ModelOpt writes it (symmetric:
+// amax / (2^(b-1) - 1); with a zero point the block's own [min, max], a partial block zero-padded; halves to
+// even; the zero point from the stored scale; w / s in the weight's type). kOnnxRuntime: MLAS's blockwise
+// quantizer, symmetric or with a zero point (kernels/hd_float.h params_symmetric_ort, params_zero_point_ort,
+// quantize_ort).
+enum class RtnArithmetic { kModelOpt, kOnnxRuntime };
 
 struct QuantSpec {
   int bits = 4;             // 4 or 8
@@ -55,8 +56,8 @@ struct QuantSpec {
   // device (QuantResult::resident) for the MatMulNBits packings that follow, which then read them there:
   // only what they write comes back. The CPU ignores it (its result is host memory).
   bool keep_on_backend = false;
-  // Read by Backend::rtn only (every other operation has its own zero-point arithmetic).
-  ZeroPointRounding zero_point_rounding = ZeroPointRounding::kModelOpt;
+  // Read by Backend::rtn only (every other operation has its own arithmetic).
+  RtnArithmetic rtn_arithmetic = RtnArithmetic::kModelOpt;
 };
 
 inline DType scale_type(const QuantSpec& s, DType data) {

@@ -109,25 +109,28 @@ const std::vector<float>* awq_quantizer_clip_ratios(const QuantizeOptions& o) {
 }
 
 bool rtn_searches_scale(const QuantizeOptions& o) {
-  // With a zero point both arithmetics keep plain min/max RTN: nibble's zero-point search measured worse
-  // perplexity than min/max (bench/RESULTS.md).
-  if ((o.algo != Algo::kRtn && o.algo != Algo::kRtnDq) || o.zero_point_flag) return false;
+  // Symmetric only (validate_options refuses rtn_lsq with --use_zero_point): nibble's zero-point search
+  // measured worse perplexity than min/max (docs/numerics.md).
+  if (o.algo != Algo::kRtnLsq) return false;
   switch (o.arithmetic) {
-    case Arithmetic::kModelOpt: return modelopt::kRtnSearchesScale;
+    case Arithmetic::kModelOpt: return modelopt::kRtnSearchesScale;  // refused before this (check_supported)
     case Arithmetic::kNibble: break;
   }
-  return true;  // nibble: each block's scale by least squares (rtn_lsq) on 2^b levels
+  return true;
 }
 
-kernels::ZeroPointRounding zero_point_rounding(const QuantizeOptions& o) {
+kernels::RtnArithmetic rtn_arithmetic(const QuantizeOptions& o, bool zero_point) {
   switch (o.arithmetic) {
-    case Arithmetic::kModelOpt: return kernels::ZeroPointRounding::kModelOpt;
+    case Arithmetic::kModelOpt: return kernels::RtnArithmetic::kModelOpt;
     case Arithmetic::kNibble: break;
   }
-  // nibble: min/max RTN with a zero point is ONNX Runtime's RTN, so ONNX Runtime's arithmetic, whose
-  // only differences from ModelOpt's (halves away from zero, the zero point from the unrounded scale)
-  // measured as good or better on both real models (bench/RESULTS.md): the same codes as its quantizer.
-  return kernels::ZeroPointRounding::kOnnxRuntime;
+  // nibble: the RTN methods (rtn, rtn_dq) are ONNX Runtime's RTN in its arithmetic, symmetric or with a zero
+  // point: the same codes and scales as its quantizer, so the default never loses to the peer users compare
+  // it with (the 16-level search won 1-2% on two models and lost 6.3% on a third: docs/numerics.md). With a
+  // zero point every method's plain RTN is ONNX Runtime's (as good or better than ModelOpt's on both bench
+  // models); a calibrated method's symmetric fallback to plain RTN keeps the amax / (2^(b-1) - 1) grid.
+  if (zero_point || o.algo == Algo::kRtn || o.algo == Algo::kRtnDq) return kernels::RtnArithmetic::kOnnxRuntime;
+  return kernels::RtnArithmetic::kModelOpt;
 }
 
 bool writes_zero_point(const QuantizeOptions& o) {

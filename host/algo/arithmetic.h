@@ -49,10 +49,10 @@ void quantize_awq_scaled(const QuantizeOptions& o, const PlannedWeight& pw, cons
 // The clip ratios that quantizer tries per block (null: plain round to nearest), for measuring it.
 const std::vector<float>* awq_quantizer_clip_ratios(const QuantizeOptions& o);
 
-// Symmetric rtn/rtn_dq: whether each block's scale is searched (least squares on 2^b levels).
+// Whether each block's scale is searched by least squares on 2^b levels (rtn_lsq).
 bool rtn_searches_scale(const QuantizeOptions& o);
-// Plain zero-point RTN's arithmetic (kernels::QuantSpec::zero_point_rounding).
-kernels::ZeroPointRounding zero_point_rounding(const QuantizeOptions& o);
+// Plain RTN's arithmetic (kernels::QuantSpec::rtn_arithmetic) for a weight with or without zero points.
+kernels::RtnArithmetic rtn_arithmetic(const QuantizeOptions& o, bool zero_point);
 // Whether the planned weights get zero points.
 bool writes_zero_point(const QuantizeOptions& o);
 

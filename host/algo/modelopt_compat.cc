@@ -225,8 +225,9 @@ void quantize_gather(kernels::Backend& backend, const kernels::WeightMatrix& w, 
 // ---- Flags
 
 void check_supported(const QuantizeOptions& o) {
-  if (o.algo == Algo::kRtnSearch)
-    throw Error("--algo rtn_search --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
+  if (o.algo == Algo::kRtnSearch || o.algo == Algo::kRtnLsq)
+    throw Error(std::string("--algo ") + name_of(o.algo) +
+                " --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
   if (o.algo == Algo::kHqq) throw Error("--algo hqq --awq_mode modelopt: ModelOpt has no HQQ (use --awq_mode nibble)");
   if (o.uses_gptq())
     throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "

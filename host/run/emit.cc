@@ -44,7 +44,7 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const kernel
   p.spec.bits = pw.bits;
   p.spec.block = pw.resolved_block();
   p.spec.zero_point = zero_point;
-  p.spec.zero_point_rounding = zero_point_rounding(o);
+  p.spec.rtn_arithmetic = rtn_arithmetic(o, zero_point);
   if (!s) return p;
   if (divisor) {
     p.buffer = backend.divide_columns(p.w, divisor->data());
@@ -67,7 +67,7 @@ kernels::QuantResult placeholder(const PlannedWeight& pw, const kernels::QuantSp
   return q;
 }
 
-// What nibble-mode rtn/rtn_dq search: errors weighted by rms(block) + |w| (llama.cpp's choice for its
+// What rtn_lsq searches: errors weighted by rms(block) + |w| (llama.cpp's choice for its
 // k-quants), which measured the best perplexity of the three weightings on SmolLM2-135M
 // (bench/log/2026-11-24.md "Default RTN and HQQ").
 kernels::RtnSearchOptions rtn_lsq_options() {

@@ -48,6 +48,9 @@ void validate_options(const QuantizeOptions& o) {
   if (!(o.awqclip_alpha_step > 0 && o.awqclip_alpha_step <= 1)) throw Error("--awqclip_alpha_step must be in (0, 1]");
   if (!(o.awqclip_alpha_min > 0 && o.awqclip_alpha_min <= 1)) throw Error("--awqclip_alpha_min must be in (0, 1]");
   if (o.awqclip_bsz_col < 1) throw Error("--awqclip_bsz_col must be at least 1");
+  if (o.algo == Algo::kRtnLsq && o.zero_point_flag)
+    throw Error("--algo rtn_lsq --use_zero_point: the least-squares scale search is symmetric only (its zero-point "
+                "form measured worse than min/max); --algo rtn_dq --use_zero_point is ONNX Runtime's asymmetric RTN");
   if (o.awqlite_alpha_step <= 0 || o.awqlite_alpha_step > 1) throw Error("--awqlite_alpha_step must be in (0, 1]");
   if (o.calib.calib_size < 1) throw Error("--calib_size must be at least 1");
   if (o.calib.batch_size < 1) throw Error("--batch_size must be at least 1");

@@ -64,7 +64,7 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   const int64_t K = w.K(), N = w.N(), bs = spec.block;
   const int64_t G = num_blocks(K, bs);
   const bool zp = spec.zero_point;
-  const bool ort = zp && spec.zero_point_rounding == ZeroPointRounding::kOnnxRuntime;
+  const bool ort = spec.rtn_arithmetic == RtnArithmetic::kOnnxRuntime;
   out.groups = G;
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);
@@ -87,7 +87,7 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
     const int64_t k0 = g * bs, k1 = std::min(K, k0 + bs);
     const bool partial = (k1 - k0) < bs;  // ModelOpt zero-pads the last block
     BlockParams p;
-    if (zp) {
+    if (zp || ort) {  // ONNX Runtime's symmetric RTN reads min and max too (the one of larger magnitude)
       float mn = partial ? 0.0f : INFINITY, mx = partial ? 0.0f : -INFINITY;
       for (int64_t k = k0; k < k1; ++k) {
         const float v = load_float(w.dtype, w.data, size_t(elem_index(k, n)));
@@ -95,12 +95,13 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
         mx = std::max(mx, v);
       }
       if (ort) {
-        const hd::Params h = hd::params_zero_point_ort(mn, mx, spec.bits, int(w.dtype));
+        const hd::Params h = zp ? hd::params_zero_point_ort(mn, mx, spec.bits, int(w.dtype))
+                                : hd::params_symmetric_ort(mn, mx, spec.bits, int(w.dtype));
         p.scale = h.scale, p.zero_point = h.zero_point;
       } else {
         p = block_params_zero_point(mn, mx, spec.bits, w.dtype);
       }
-      out.zero_points[size_t(param_index(g, n))] = p.zero_point;
+      if (zp) out.zero_points[size_t(param_index(g, n))] = p.zero_point;
     } else {
       float amax = 0.0f;
       for (int64_t k = k0; k < k1; ++k) {
@@ -114,8 +115,9 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
     for (int64_t k = k0; k < k1; ++k) {
       const size_t i = size_t(elem_index(k, n));
       const float v = load_float(w.dtype, w.data, i);
-      const uint8_t c = ort ? hd::quantize_ort(v, reciprocal, p.zero_point, spec.bits)
-                            : quantize_value(v, p, spec.bits, zp, w.dtype);
+      const uint8_t c = !ort ? quantize_value(v, p, spec.bits, zp, w.dtype)
+                        : zp   ? hd::quantize_ort(v, reciprocal, p.zero_point, spec.bits)
+                               : hd::quantize_symmetric_ort(v, reciprocal, spec.bits);
       out.codes[i] = c;
       // The error of the weight the model will really use: DequantizeLinear's output dtype.
       const double d = double(v) - double(round_to(w.dtype, dequantize_value(c, p, spec.bits, zp)));

@@ -24,10 +24,10 @@ void check(const QuantSpec& spec) {
 BlockShape shape_of(const QuantSpec& spec, DType data) {
   return BlockShape{spec.bits, spec.block, spec.zero_point, int(scale_type(spec, data))};
 }
-// Plain RTN's, the one operation that reads QuantSpec::zero_point_rounding.
+// Plain RTN's, the one operation that reads QuantSpec::rtn_arithmetic.
 BlockShape rtn_shape_of(const QuantSpec& spec, DType data) {
   BlockShape s = shape_of(spec, data);
-  s.ort_zero_point = spec.zero_point && spec.zero_point_rounding == ZeroPointRounding::kOnnxRuntime;
+  s.ort = spec.rtn_arithmetic == RtnArithmetic::kOnnxRuntime;
   return s;
 }
 

@@ -31,7 +31,7 @@ struct MaxOp {
 struct RtnWarpBlocks {
   static constexpr int kWarps = 4, kLanes = kWarps * kWarp, kPhases = 4;
   struct WarpShared {
-    float lo[kWarp], hi[kWarp];  // lane ranges: amax in lo (symmetric), or min in lo and max in hi
+    float lo[kWarp], hi[kWarp];  // lane ranges: amax in lo, or min in lo and max in hi (BlockShape::min_max)
     double err[kWarp];
     hd::Params p;
   };
@@ -52,10 +52,10 @@ struct RtnWarpBlocks {
     const int64_t K = w.K(), G = (K + s.block - 1) / s.block, n = item / G, g = item % G;
     const int64_t k0 = g * s.block, k1 = k0 + s.block < K ? k0 + s.block : K;
     if constexpr (P == 0) {
-      float lo = s.zero_point ? INFINITY : 0.0f, hi = -INFINITY;
+      float lo = s.min_max() ? INFINITY : 0.0f, hi = -INFINITY;
       for (int64_t k = k0 + j; k < k1; k += kWarp) {
         const float v = w.at(k, n);
-        if (s.zero_point) {
+        if (s.min_max()) {
           lo = hd::min(lo, v), hi = hd::max(hi, v);
         } else {
           lo = AmaxOp{}(lo, hd::fabs(v));
@@ -65,18 +65,18 @@ struct RtnWarpBlocks {
     } else if constexpr (P == 1) {
       // Every lane of the warp takes part in the reductions (shuffles); lane 0 has their results.
       float lo, hi = 0.0f;
-      if (s.zero_point) {
+      if (s.min_max()) {
         lo = warp_tree_reduce(ws.lo, j, MinOp{}), hi = warp_tree_reduce(ws.hi, j, MaxOp{});
       } else {
         lo = warp_tree_reduce(ws.lo, j, AmaxOp{});
       }
       if (j != 0) return;
-      if (!s.zero_point) {
+      if (!s.min_max()) {
         ws.p = hd::params_symmetric(lo, s.bits, w.dtype);
       } else if (k1 - k0 < s.block) {  // ModelOpt zero-pads the last block
-        ws.p = zero_point_params(s, hd::min(0.0f, lo), hd::max(0.0f, hi), w.dtype);
+        ws.p = min_max_params(s, hd::min(0.0f, lo), hd::max(0.0f, hi), w.dtype);
       } else {
-        ws.p = zero_point_params(s, lo, hi, w.dtype);
+        ws.p = min_max_params(s, lo, hi, w.dtype);
       }
     } else if constexpr (P == 2) {
       const hd::Params p = ws.p;

@@ -35,19 +35,23 @@ struct BlockShape {
   int64_t block;
   bool zero_point;
   int scale_dtype;  // what scales are rounded to
-  // Plain zero-point RTN in ONNX Runtime's arithmetic (QuantSpec::zero_point_rounding; RtnBody and
-  // RtnWarpBlocks only).
-  bool ort_zero_point = false;
+  // Plain RTN in ONNX Runtime's arithmetic, symmetric or with a zero point (QuantSpec::rtn_arithmetic;
+  // RtnBody and RtnWarpBlocks only).
+  bool ort = false;
+  // Whether a block's parameters come from its min and max (else from its amax).
+  NIBBLE_HD bool min_max() const { return zero_point || ort; }
 };
 
-// A zero-point block's parameters in the arithmetic `s` names.
-NIBBLE_HD inline hd::Params zero_point_params(const BlockShape& s, float mn, float mx, int dtype) {
-  return s.ort_zero_point ? hd::params_zero_point_ort(mn, mx, s.bits, dtype) : hd::params_zero_point(mn, mx, s.bits, dtype);
+// A block's parameters from its min and max (BlockShape::min_max) in the arithmetic `s` names.
+NIBBLE_HD inline hd::Params min_max_params(const BlockShape& s, float mn, float mx, int dtype) {
+  if (!s.ort) return hd::params_zero_point(mn, mx, s.bits, dtype);
+  return s.zero_point ? hd::params_zero_point_ort(mn, mx, s.bits, dtype) : hd::params_symmetric_ort(mn, mx, s.bits, dtype);
 }
 // A code in the arithmetic `s` names; `reciprocal` is hd::reciprocal_ort(p.scale).
 NIBBLE_HD inline uint8_t code_of(const BlockShape& s, float v, hd::Params p, float reciprocal, int dtype) {
-  return s.ort_zero_point ? hd::quantize_ort(v, reciprocal, p.zero_point, s.bits)
-                          : hd::quantize(v, p, s.bits, s.zero_point, dtype);
+  if (!s.ort) return hd::quantize(v, p, s.bits, s.zero_point, dtype);
+  return s.zero_point ? hd::quantize_ort(v, reciprocal, p.zero_point, s.bits)
+                      : hd::quantize_symmetric_ort(v, reciprocal, s.bits);
 }
 
 // Codes of block (g, n) with params p; returns Σ (w - ŵ)² in double, ŵ in the weight dtype.
@@ -84,14 +88,14 @@ struct RtnBody {
     const int64_t k0 = g * s.block, k1 = k0 + s.block < K ? k0 + s.block : K;
     const bool partial = (k1 - k0) < s.block;  // ModelOpt zero-pads the last block
     hd::Params p;
-    if (s.zero_point) {
+    if (s.min_max()) {
       float mn = partial ? 0.0f : INFINITY, mx = partial ? 0.0f : -INFINITY;
       for (int64_t k = k0; k < k1; ++k) {
         const float v = w.at(k, n);
         mn = hd::min(mn, v);
         mx = hd::max(mx, v);
       }
-      p = zero_point_params(s, mn, mx, w.dtype);
+      p = min_max_params(s, mn, mx, w.dtype);
     } else {
       float amax = 0.0f;
       for (int64_t k = k0; k < k1; ++k) {

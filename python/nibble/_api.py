@@ -150,7 +150,7 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
     """INT4 weight-only quantization of an ONNX model; returns the quantized onnx.ModelProto.
 
     The arguments are ModelOpt 0.47's (`onnx_path` a path or a ModelProto; `calibration_method`
-    rtn, rtn_dq, awq_lite, awq_clip or awq_full, and nibble's gptq, awq_gptq and hqq; `block_size` None =
+    rtn, rtn_dq, awq_lite, awq_clip or awq_full, and nibble's gptq, awq_gptq, rtn_lsq, rtn_search and hqq; `block_size` None =
     128; `nodes_to_exclude` regexes matched at the start of node names), plus `output_path` (write the
     model there; its weights then stay on disk, see the module's documentation). The arithmetic is
     nibble's by default (its searches are more accurate than ModelOpt's); `awq_mode="modelopt"` gives

@@ -235,3 +235,21 @@ def ort_zero_point(x: np.ndarray, dtype=np.float32):
     q = (x * rs[:, None]).astype(f32) + z[:, None].astype(f32)
     codes = np.clip(round_half_away(q.astype(f32)), 0, 15).astype(np.uint8)
     return s.astype(f32), z, codes
+
+
+def ort_symmetric(x: np.ndarray, dtype=np.float32, bits: int = 4):
+    """ONNX Runtime's symmetric RTN of rows x (MLAS's blockwise quantizer, written from its source): the
+    block's extreme e, the value of larger magnitude of its min and max (the min on a tie), scale -e / 2^(b-1)
+    in float32 stored as `dtype`, so that e lands on the code -2^(b-1); codes roundf(x * (1 / s) + 2^(b-1)),
+    clamped to [0, 2^b - 1], less 2^(b-1). An all-zero block gets 1e-5 (nibble's departure: MLAS stores 0;
+    the codes are the same). Returns (scale as float32, signed codes)."""
+    half = f32(1 << (bits - 1))
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    e = np.where(np.abs(mx) > np.abs(mn), mx, mn).astype(f32)
+    sf = (-e / half).astype(f32)
+    s = np.where(sf != 0, sf.astype(dtype).astype(f32), f32(np.float32(1e-5).astype(dtype)))
+    with np.errstate(divide="ignore"):
+        rs = np.where(s != 0, f32(1) / s, f32(0)).astype(f32)
+    q = (x * rs[:, None]).astype(f32) + half
+    codes = np.clip(round_half_away(q.astype(f32)), 0, 2 * half - 1) - half
+    return s.astype(f32), codes.astype(np.int8)

@@ -1,9 +1,9 @@
-"""The calibration-free per-block searches end to end: nibble-mode `rtn_dq` / `rtn` (rtn_lsq: 16-level
-least-squares scale search; with --use_zero_point RTN stays plain min/max) and `--algo hqq`, against the independent numpy
-reference of tests/e2e/search_reference.py on real weights (two SmolLM2-135M projections from
-/work/golden when it is there, else heavy-tailed random weights), then in ONNX Runtime: QuantizeLinear
-of the qdq output reproduces the codes, dq / qdq / MatMulNBits give the same outputs, and the output
-error against the float model is below the old grids'.
+"""The calibration-free per-block RTNs end to end: nibble-mode `rtn_dq` / `rtn` (ONNX Runtime's RTN, MLAS's
+arithmetic, symmetric or with --use_zero_point), `--algo rtn_lsq` (16-level least-squares scale search) and
+`--algo hqq`, against the independent numpy reference of tests/e2e/search_reference.py on real weights (two
+SmolLM2-135M projections from /work/golden when it is there, else heavy-tailed random weights), then in ONNX
+Runtime: QuantizeLinear of the qdq output reproduces the codes, dq / qdq / MatMulNBits give the same outputs,
+and the output error against the float model is below the old grids'.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def _params(g: Graph, i: int, zp: bool):
     return q, s, z
 
 
-@pytest.mark.parametrize("algo,flags", [("rtn_dq", ()), ("hqq", ())])
+@pytest.mark.parametrize("algo,flags", [("rtn_lsq", ()), ("hqq", ())])
 def test_codes_and_scales_match_numpy_reference(nibble, model, algo, flags):
     zp = algo == "hqq" or bool(flags)
     g = Graph(_run(nibble, model, algo + "".join(flags), "--algo", algo, *flags))
@@ -108,17 +108,19 @@ def test_codes_and_scales_match_numpy_reference(nibble, model, algo, flags):
         # Near-ties may fall the other way (numpy's pairwise sums and float32 power against nibble's
         # sequential float64 sums and its own power, kernels/hd_pow.h): at most 1 block in 1000 differs.
         assert same.mean() >= 0.999, (algo, flags, i, int((~same).sum()), same.size)
-        if algo == "rtn_dq" and not zp:
+        if algo == "rtn_lsq" and not zp:
             assert (got_c >= -8).all() and (got_c == -8).any()  # the 16th level is used
 
 
 def test_qdq_quantizelinear_reproduces_the_codes(nibble, model):
     """ONNX Runtime's QuantizeLinear on the qdq output's float weight, scale (negative where the block's
-    extreme is positive) and zero point gives exactly the codes of the dq output."""
-    for flags in ((), ("--use_zero_point",)):
-        tag = "".join(flags)
-        dq = Graph(_run(nibble, model, "rtn_dq" + tag, "--algo", "rtn_dq", *flags))
-        qdq = Graph(_run(nibble, model, "rtn" + tag, "--algo", "rtn", *flags))
+    extreme is positive) and zero point gives the codes of the dq output: exactly for rtn_lsq, and for
+    ONNX Runtime's RTN (rtn_dq, rtn) up to exact halves, where its roundf(w * (1 / s) + z) and
+    QuantizeLinear's rint(w / s) + z part."""
+    for algo, flags in (("rtn_lsq", ()), ("rtn_dq", ()), ("rtn_dq", ("--use_zero_point",))):
+        tag = algo + "".join(flags)
+        dq = Graph(_run(nibble, model, tag, "--algo", algo, *flags))
+        qdq = Graph(_run(nibble, model, tag + "_qdq", "--algo", algo, "--format", "qdq", *flags))
         for i in range(len(model["weights"])):
             node = next(n for n in qdq.node_list if n.op_type == "QuantizeLinear" and n.input[0] == f"w{i}")
             w, s = qdq.array(node.input[0]), qdq.array(node.input[1])
@@ -137,16 +139,14 @@ def test_qdq_quantizelinear_reproduces_the_codes(nibble, model):
             onnx.save(helper.make_model(gr, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), path)
             got = ort_run(path, {}, optimize=False)["c"].astype(np.int64)
             want = dq.int4(f"w{i}_i4")[0].astype(np.int64)
-            if not flags:
-                assert np.array_equal(got, want), (i, flags)
+            if algo == "rtn_lsq":
+                assert np.array_equal(got, want), (i, tag)
                 continue
-            # With a zero point nibble's codes are ONNX Runtime's RTN's, roundf(w * (1 / s) + z), where
-            # QuantizeLinear computes rint(w / s) + z: they part only where w / s sits on a half.
             bs = attrs["block_size"]
             quot = w.astype(np.float32) / np.repeat(s, bs, axis=0)[: w.shape[0]].astype(np.float32)
             parted = got != want
-            assert parted.mean() < 1e-3, (i, int(parted.sum()))
-            assert np.all(np.abs(np.abs(quot[parted] - np.trunc(quot[parted])) - 0.5) < 1e-4), i
+            assert parted.mean() < 1e-3, (i, tag, int(parted.sum()))
+            assert np.all(np.abs(np.abs(quot[parted] - np.trunc(quot[parted])) - 0.5) < 1e-4), (i, tag)
 
 
 def _rel_err(path: str, model) -> float:
@@ -159,7 +159,7 @@ def _rel_err(path: str, model) -> float:
     return num / den
 
 
-@pytest.mark.parametrize("algo,flags", [("rtn_dq", ()), ("hqq", ())])
+@pytest.mark.parametrize("algo,flags", [("rtn_dq", ()), ("rtn_lsq", ()), ("hqq", ())])
 def test_formats_agree_in_ort_and_beat_the_old_grid(nibble, model, algo, flags):
     errs = {}
     for fmt in ("dq", "qdq", "matmulnbits"):
@@ -177,8 +177,10 @@ def test_formats_agree_in_ort_and_beat_the_old_grid(nibble, model, algo, flags):
         assert abs(errs["dq"] - errs["qdq"]) <= 1e-4 * errs["dq"], errs
         assert e < 0.8 * old_sym, (e, old_sym)   # below the 15-level symmetric grid
         assert e < 1.1 * old_zp, (e, old_zp)     # and near min/max zero-point RTN (it minimises |·|^0.7)
-    else:
+    elif algo == "rtn_lsq":
         assert e < 0.8 * old_sym, (e, old_sym)
+    else:
+        assert e < old_sym, (e, old_sym)  # ONNX Runtime's 16 levels against ModelOpt's 15
 
 
 @pytest.mark.parametrize("fixture", ["model", "model16"])
@@ -251,3 +253,26 @@ def test_hqq_matmulnbits_float_zero_points(nibble, model, model16, dtype):
         got = out[f"y{i}"].astype(np.float64)
         rel = np.abs(got - ref).max() / np.abs(ref).max()
         assert rel < (1e-5 if dtype == "fp32" else 2e-3), (dtype, i, rel)
+
+
+@pytest.mark.parametrize("fixture", ["model", "model16"])
+def test_symmetric_rtn_is_onnx_runtimes(nibble, request, fixture):
+    """The default symmetric RTN is ONNX Runtime's (MLAS's arithmetic, search_reference.ort_symmetric) bit for
+    bit in the dq format and in MatMulNBits, where its codes are stored offset by 8 with no zero point."""
+    model = request.getfixturevalue(fixture)
+    a = Graph(_run(nibble, model, "rtn_dq", "--algo", "rtn_dq"))
+    m = Graph(_run(nibble, model, "rtn_dq_matmulnbits", "--algo", "rtn_dq", "--format", "matmulnbits"))
+    for i, w in enumerate(model["weights"]):
+        K, N = w.shape
+        G = K // BS
+        q, s, _ = _params(a, i, False)
+        rs, rc = sr.ort_symmetric(sr.blocks_of(w.astype(np.float32), BS), model["dtype"])
+        assert np.array_equal(s.T.reshape(-1).astype(np.float32).view(np.uint32), rs.view(np.uint32)), i
+        assert np.array_equal(q.T.reshape(N * G, BS), rc), i
+        assert (rs < 0).any() and (rc == -8).any()  # the extreme on code -8, whatever its sign
+        node = next(n for n in m.node_list if n.op_type == "MatMulNBits" and n.input[1].startswith(f"w{i}"))
+        assert len(node.input) < 4 or node.input[3] == "", node.input  # no zero points: 8 implied
+        packed = m.array(node.input[1]).reshape(N, -1)
+        codes = np.empty((N, packed.shape[1] * 2), np.uint8)
+        codes[:, 0::2], codes[:, 1::2] = packed & 0x0F, packed >> 4
+        assert np.array_equal(codes[:, :K].reshape(N * G, BS).astype(np.int16) - 8, rc.astype(np.int16)), i

@@ -29,11 +29,23 @@ TEST(Arithmetic, ParsedFromAwqMode) {
 TEST(Arithmetic, PaddingAndRtnGrid) {
   EXPECT_TRUE(masks_padding(options(Algo::kAwqLite, Arithmetic::kNibble)));
   EXPECT_FALSE(masks_padding(options(Algo::kAwqLite, Arithmetic::kModelOpt)));
-  EXPECT_TRUE(rtn_searches_scale(options(Algo::kRtnDq, Arithmetic::kNibble)));
-  EXPECT_TRUE(rtn_searches_scale(options(Algo::kRtn, Arithmetic::kNibble)));
-  EXPECT_FALSE(rtn_searches_scale(options(Algo::kRtnDq, Arithmetic::kNibble, /*zero_point=*/true)));
+  EXPECT_TRUE(rtn_searches_scale(options(Algo::kRtnLsq, Arithmetic::kNibble)));
+  EXPECT_FALSE(rtn_searches_scale(options(Algo::kRtnDq, Arithmetic::kNibble)));
+  EXPECT_FALSE(rtn_searches_scale(options(Algo::kRtn, Arithmetic::kNibble)));
   EXPECT_FALSE(rtn_searches_scale(options(Algo::kAwqLite, Arithmetic::kNibble)));
   EXPECT_FALSE(rtn_searches_scale(options(Algo::kRtnDq, Arithmetic::kModelOpt)));
+}
+
+TEST(Arithmetic, PlainRtnIsOnnxRuntimesInNibbleMode) {
+  using kernels::RtnArithmetic;
+  for (Algo a : {Algo::kRtn, Algo::kRtnDq})
+    for (bool zp : {false, true}) {
+      EXPECT_EQ(rtn_arithmetic(options(a, Arithmetic::kNibble, zp), zp), RtnArithmetic::kOnnxRuntime);
+      EXPECT_EQ(rtn_arithmetic(options(a, Arithmetic::kModelOpt, zp), zp), RtnArithmetic::kModelOpt);
+    }
+  // A calibrated method's symmetric fallback to plain RTN keeps ModelOpt's grid; with zero points it is ORT's.
+  EXPECT_EQ(rtn_arithmetic(options(Algo::kAwqLite, Arithmetic::kNibble), false), RtnArithmetic::kModelOpt);
+  EXPECT_EQ(rtn_arithmetic(options(Algo::kAwqLite, Arithmetic::kNibble, true), true), RtnArithmetic::kOnnxRuntime);
 }
 
 TEST(Arithmetic, ZeroPoints) {

@@ -79,8 +79,8 @@ TEST(Backend, FastRtnEqualsReferenceBitForBit) {
     for (int k_axis : {0, 1})
       for (int64_t bs : {16, 32, 128, 75, 300})  // 300 = K: one block per channel (INT8 layers)
         for (int bits : {4, 8})
-          for (int mode = 0; mode < 3; ++mode) {  // symmetric; zero point as ModelOpt, as ONNX Runtime
-            const bool zp = mode > 0;
+          for (int mode = 0; mode < 4; ++mode) {  // symmetric, zero point: as ModelOpt, as ONNX Runtime
+            const bool zp = mode % 2 == 1;
             const int64_t K = 300, N = 270;  // not multiples of the tiles or the blocks
             std::vector<float> f(size_t(K * N));
             for (size_t i = 0; i < f.size(); ++i) {
@@ -95,12 +95,12 @@ TEST(Backend, FastRtnEqualsReferenceBitForBit) {
             const int64_t rows = k_axis == 0 ? K : N, cols = k_axis == 0 ? N : K;
             WeightMatrix w{t, t == DType::kFloat32 ? static_cast<const void*>(f.data()) : h.data(), rows, cols, k_axis};
             QuantSpec spec{bits, bs, zp};
-            if (mode == 2) spec.zero_point_rounding = ZeroPointRounding::kOnnxRuntime;
+            if (mode >= 2) spec.rtn_arithmetic = RtnArithmetic::kOnnxRuntime;
             QuantResult ref, fast;
             rtn_quantize_ref(w, spec, ref);
             rtn_quantize_fast(w, spec, fast);
             SCOPED_TRACE(dtype_name(t) + " k_axis " + std::to_string(k_axis) + " bs " + std::to_string(bs) +
-                         " bits " + std::to_string(bits) + (mode == 0 ? " sym" : mode == 1 ? " zp" : " zp ort"));
+                         " bits " + std::to_string(bits) + (zp ? " zp" : " sym") + (mode >= 2 ? " ort" : ""));
             ASSERT_EQ(ref.groups, fast.groups);
             ASSERT_EQ(ref.codes, fast.codes);
             ASSERT_EQ(ref.scales, fast.scales);

@@ -92,7 +92,7 @@ TEST(Rtn, ZeroPointPartialBlockIncludesPadding) {
 // s = range / 15, z = roundf(-min / s), codes roundf(x * (1 / s) + z), halves away from zero.
 TEST(Rtn, OnnxRuntimeZeroPointHandComputed) {
   QuantSpec spec{4, 8, true};
-  spec.zero_point_rounding = ZeroPointRounding::kOnnxRuntime;
+  spec.rtn_arithmetic = RtnArithmetic::kOnnxRuntime;
   // min -1.5, max 6: s = 0.5, z = 3; 0.25 -> 3.5 -> 4 (ModelOpt: rint(0.5) + 3 = 3), 0.75 -> 4.5 -> 5.
   std::vector<float> w = {-1.5f, 6.0f, 0.25f, 0.75f, -0.25f, 1.0f, 0.0f, 2.2f};
   auto q = run(w, 8, 1, 0, spec);
@@ -116,6 +116,44 @@ TEST(Rtn, OnnxRuntimeZeroPointHandComputed) {
   EXPECT_EQ(q.scales[0], 1e-5f);
   EXPECT_EQ(q.zero_points[0], 0);
   EXPECT_EQ(q.codes, std::vector<uint8_t>(8, 0));
+}
+
+// ONNX Runtime's symmetric arithmetic by hand: the extreme e (of min and max, the larger magnitude; the min
+// on a tie) lands on code -8: s = -e / 8; codes roundf(x * (1 / s) + 8) - 8, halves away from zero.
+TEST(Rtn, OnnxRuntimeSymmetricHandComputed) {
+  QuantSpec spec{4, 8, false};
+  spec.rtn_arithmetic = RtnArithmetic::kOnnxRuntime;
+  // e = 4 (positive): s = -0.5; -3.5 -> 7; 1.25 -> -2.5 + 8 = 5.5 -> 6 -> -2 (the half rounds up in the
+  // unsigned code: rint would give -2 as well, roundf(-2.5) -3); 0.75 -> -1.5 + 8 = 6.5 -> 7 -> -1.
+  std::vector<float> w = {4.0f, 1.25f, -3.5f, 0.75f, -0.25f, 0.0f, -2.0f, 3.0f};
+  auto q = run(w, 8, 1, 0, spec);
+  EXPECT_EQ(q.scales[0], -0.5f);
+  EXPECT_EQ(signed_codes(q), (std::vector<int>{-8, -2, 7, -1, 1, 0, 4, -6}));
+  // -4 and 4: a tie, the min wins: s = 0.5, 4 -> 8 clamps to 7.
+  w = {-4.0f, 4.0f, 1.0f, 0, 0, 0, 0, 0};
+  q = run(w, 8, 1, 0, spec);
+  EXPECT_EQ(q.scales[0], 0.5f);
+  EXPECT_EQ(signed_codes(q)[0], -8);
+  EXPECT_EQ(signed_codes(q)[1], 7);
+  // A partial block (K = 5, block 4): the last block holds one value, its own extreme.
+  w = {1, 2, 3, 4, -0.5f};
+  q = run(w, 5, 1, 0, QuantSpec{4, 4, false, DType::kUndefined, false, RtnArithmetic::kOnnxRuntime});
+  EXPECT_EQ(q.scales[0], -0.5f);
+  EXPECT_EQ(q.scales[1], 0.0625f);
+  EXPECT_EQ(signed_codes(q)[4], -8);
+  // An all-zero block: every code 0; the scale is ModelOpt's smallest where MLAS writes 0.
+  q = run(std::vector<float>(8, 0.0f), 8, 1, 0, spec);
+  EXPECT_EQ(q.scales[0], 1e-5f);
+  EXPECT_EQ(signed_codes(q), std::vector<int>(8, 0));
+  // 8 bits: s = -e / 128.
+  QuantSpec s8{8, 8, false};
+  s8.rtn_arithmetic = RtnArithmetic::kOnnxRuntime;
+  w = {-64.0f, 32.0f, 0.25f, 0, 0, 0, 0, 0};
+  q = run(w, 8, 1, 0, s8);
+  EXPECT_EQ(q.scales[0], 0.5f);
+  EXPECT_EQ(signed_codes(q)[0], -128);
+  EXPECT_EQ(signed_codes(q)[1], 64);
+  EXPECT_EQ(signed_codes(q)[2], 1);  // 0.5 + 128 = 128.5 -> 129, less 128
 }
 
 TEST(Rtn, Int8PerChannel) {

@@ -3,10 +3,11 @@
 //
 //   build/bench_kernel_rtn [--rows 4096] [--cols 11008] [--block 128] [--threads 1,2]
 //                          [--dtypes fp32,fp16,bf16] [--reps 3] [--zp] [--axis 0] [--ref]
-//                          [--isa auto|generic|avx2|avx512|all]
+//                          [--isa auto|generic|avx2|avx512|all] [--ort]
 //
 // Weights: N(0, 0.02) from a fixed seed, stored in the dtype. Each figure is the best of --reps
 // runs (wall clock of rtn_quantize_fast alone; the output vectors are reused, so no page faults).
+// --ort: ONNX Runtime's arithmetic (nibble mode's rtn_dq), else ModelOpt's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,7 +47,7 @@ DType parse_dtype(const std::string& s) {
 int main(int argc, char** argv) {
   int64_t rows = 4096, cols = 11008, block = 128;
   int reps = 3, axis = 0;
-  bool zp = false, ref = false;
+  bool zp = false, ref = false, ort = false;
   std::string threads = "1,2", dtypes = "fp32,fp16,bf16", isas = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -67,9 +68,10 @@ int main(int argc, char** argv) {
     else if (a == "--isa") isas = next();
     else if (a == "--zp") zp = true;
     else if (a == "--ref") ref = true;
+    else if (a == "--ort") ort = true;
     else {
       std::fprintf(stderr, "usage: %s [--rows R] [--cols C] [--block B] [--threads 1,2] "
-                           "[--dtypes fp32,fp16,bf16] [--reps N] [--axis 0|1] [--zp] [--ref] [--isa auto|generic|avx2|avx512|all]\n", argv[0]);
+                           "[--dtypes fp32,fp16,bf16] [--reps N] [--axis 0|1] [--zp] [--ref] [--isa auto|generic|avx2|avx512|all] [--ort]\n", argv[0]);
       return 2;
     }
   }
@@ -104,7 +106,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < n; ++i) h[i] = t == DType::kFloat16 ? float_to_half(f[i]) : float_to_bf16(f[i]);
     }
     WeightMatrix w{t, t == DType::kFloat32 ? static_cast<const void*>(f.data()) : h.data(), rows, cols, axis};
-    const QuantSpec spec{4, block, zp};
+    QuantSpec spec{4, block, zp};
+    if (ort) spec.rtn_arithmetic = RtnArithmetic::kOnnxRuntime;
     for (const auto& ts : split(threads)) {
       set_num_threads(std::stoi(ts));
       for (size_t ii = 0; ii < isa_list.size() + (ref ? 1 : 0); ++ii) {
@@ -124,7 +127,7 @@ int main(int argc, char** argv) {
           best = std::min(best, s);
         }
         std::printf("%-12s  %-5s  %7s  %5lldx%-6lld  %5lld  %-4s  %8.4f  %10.1f\n", name.c_str(),
-                    ds.c_str(), ts.c_str(), (long long)rows, (long long)cols, (long long)block, zp ? "zp" : "sym",
+                    ds.c_str(), ts.c_str(), (long long)rows, (long long)cols, (long long)block, ort ? (zp ? "zp-ort" : "sym-ort") : zp ? "zp" : "sym",
                     best, double(n) / best / 1e6);
         std::fflush(stdout);
       }

@@ -77,9 +77,11 @@ def _quantize_pair(nibble, src, root, *flags):
                                    ("--algo", "gptq", "--gptq_act_order", "--use_zero_point"),
                                    ("--algo", "awq_gptq"),
                                    ("--algo", "rtn_dq", "--format", "matmulnbits", "--use_zero_point"),
-                                   ("--algo", "rtn_dq", "--format", "matmulnbits", "--enable_mixed_quant")],
+                                   ("--algo", "rtn_dq", "--format", "matmulnbits", "--enable_mixed_quant"),
+                                   ("--algo", "rtn_lsq")],
                          ids=["rtn_dq", "rtn_dq_zp", "rtn_matmulnbits", "hqq", "hqq_matmulnbits", "gptq",
-                              "gptq_act_order_zp", "awq_gptq", "rtn_dq_matmulnbits_zp", "rtn_dq_matmulnbits_mixed"])
+                              "gptq_act_order_zp", "awq_gptq", "rtn_dq_matmulnbits_zp", "rtn_dq_matmulnbits_mixed",
+                              "rtn_lsq"])
 def test_emulated_device_writes_the_cpu_model(nibble, model_cache, tmp_path, dtype, flags):
     spec, src = model_cache.llama(dtype=dtype)
     gptq = flags[1] in ("gptq", "awq_gptq")

@@ -216,6 +216,17 @@ def test_hqq_refusals_and_notes(nibble, model, tmp_path):
     assert Graph(str(tmp_path / "b" / "model.onnx")).inits["w0_zp"].data_type == TensorProto.UINT4
 
 
+def test_rtn_lsq_refusals(nibble, model, tmp_path):
+    """rtn_lsq searches symmetric scales only and is no ModelOpt method: each refusal is one line, no output."""
+    for flags, says in ((("--use_zero_point",), "--algo rtn_lsq --use_zero_point: the least-squares scale search "
+                         "is symmetric only"), (("--awq_mode", "modelopt"), "ModelOpt has no RTN search")):
+        out = tmp_path / flags[0].strip("-") / "model.onnx"
+        r = nibble.quantize(model["path"], str(out), "--algo", "rtn_lsq", *flags, check=False)
+        assert r.returncode != 0 and says in r.stderr, r.stderr
+        assert len([ln for ln in r.stderr.splitlines() if "error" in ln]) == 1, r.stderr
+        assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
 def _matmulnbits_params(g: Graph, i: int, bs: int):
     """(codes [N * G, bs], scales [N * G], zero points [N * G], zero point dtype) of MatMulNBits i."""
     node = next(n for n in g.node_list if n.op_type == "MatMulNBits" and n.output[0] == f"y{i}")

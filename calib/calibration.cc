@@ -19,6 +19,7 @@
 #include "kernels/quant_types.h"
 #include "loaders/external_data.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 #include "loaders/onnx_model.h"
 
 extern char** environ;
@@ -325,13 +326,7 @@ void Calibration::advance(const CalibrationOptions& o, const std::string& model_
 }
 
 void Calibration::read_index(const std::vector<Request>& acts) {
-  nlohmann::json index;
-  try {
-    std::ifstream f(fs::path(dir_) / "index.json");
-    index = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    throw Error("calibration wrote no readable index.json in " + dir_ + ": " + e.what());
-  }
+  const nlohmann::json index = read_json_file((fs::path(dir_) / "index.json").string());
   tokens_ = index.value("tokens_total", int64_t(0));
   for (const auto& a : index.at("activations")) {
     Entry e;

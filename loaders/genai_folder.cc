@@ -7,6 +7,7 @@
 
 #include "loaders/durable.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 
 namespace fs = std::filesystem;
 
@@ -44,13 +45,7 @@ std::vector<std::string> copy_genai_companions(const std::string& in_model, cons
     if (fs::exists(dst, ec) && !force)
       throw Error("output folder already has " + dst.string() + " (use --force to overwrite)");
     if (name == "genai_config.json") {
-      nlohmann::json cfg;
-      try {
-        std::ifstream f(src);
-        cfg = nlohmann::json::parse(f);
-      } catch (const std::exception& e) {
-        throw Error(src.string() + " is not valid JSON: " + e.what());
-      }
+      nlohmann::json cfg = read_json_file(src.string());
       auto* dec = cfg.contains("model") && cfg["model"].contains("decoder") ? &cfg["model"]["decoder"] : nullptr;
       if (dec && dec->contains("filename") && (*dec)["filename"] == in_name) (*dec)["filename"] = out_name;
       const fs::path tmp = dst.string() + ".nibble-part";

@@ -14,6 +14,7 @@
 #include "calib/calibration.h"
 #include "loaders/durable.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 
 namespace fs = std::filesystem;
 
@@ -57,7 +58,7 @@ void save_scales(const QuantizeOptions& o, size_t g, const Searched& s) {
 
 void load_scales(const QuantizeOptions& o, size_t g, Searched& s) {
   const fs::path p = state_path(o) / ("scales_" + std::to_string(g) + ".json");
-  const nlohmann::json j = read_state_json(p.string());
+  const nlohmann::json j = read_json_file(p.string());
   for (const auto& [name, c] : j.items()) s.choices[name].scale = c.get<std::vector<float>>();
 }
 
@@ -198,7 +199,7 @@ std::unique_ptr<LayerStateLock> open_layer_state(const QuantizeOptions& o, size_
   auto lock = std::make_unique<LayerStateLock>(dir.string());
   if (!o.resume && !o.force) {
     if (fs::exists(dir / "checkpoint.json", ec)) {
-      const nlohmann::json c = read_state_json((dir / "checkpoint.json").string());
+      const nlohmann::json c = read_json_file((dir / "checkpoint.json").string());
       throw Error("a run stopped after " + std::to_string(c.value("layers_done", size_t(0))) + " of " +
                   std::to_string(groups) + " layer groups left its state in " + dir.string() +
                   ": --resume continues it, --force starts over");
@@ -224,7 +225,7 @@ void clear_state(const fs::path& dir) {
 void check_same_inputs(const QuantizeOptions& o, const fs::path& dir) {
   const fs::path p = dir / "inputs.json";
   std::error_code ec;
-  const nlohmann::json was = fs::exists(p, ec) ? read_state_json(p.string()) : nlohmann::json();
+  const nlohmann::json was = fs::exists(p, ec) ? read_json_file(p.string()) : nlohmann::json();
   if (was != calibration_input_fingerprints(o.calib, o.onnx_path))
     throw Error("--resume: the model, its data or the calibration files differ from those of the stopped run in " +
                 dir.string() + ": --force starts over");
@@ -296,7 +297,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   size_t first = 0;
   std::error_code ec;
   if (o.resume && fs::exists(dir / "checkpoint.json", ec)) {
-    const nlohmann::json c = read_state_json((dir / "checkpoint.json").string());
+    const nlohmann::json c = read_json_file((dir / "checkpoint.json").string());
     first = c.at("layers_done").get<size_t>();
     std::vector<std::string> log;
     for (const auto& h : c.at("inline_log")) log.push_back(unhex(h.get<std::string>()));

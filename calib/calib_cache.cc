@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "loaders/content_hash.h"
@@ -61,14 +60,6 @@ int open_locked(const fs::path& lock, int op) {
     if (same_file(fd, lock)) return fd;
     ::close(fd);
   }
-}
-
-void write_synced(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) throw Error("cannot write " + p.string());
-  sync_file(p.string());
 }
 
 // Why an entry cannot be used for `settings`; "" when it can. A file that cannot be read or is not JSON
@@ -208,7 +199,7 @@ std::string CalibCache::begin_write() {
 
 std::string CalibCache::commit() {
   const fs::path tmp(tmp_);
-  write_synced(tmp / "settings.json", settings_.dump());
+  write_file_durably((tmp / "settings.json").string(), settings_.dump());
   nlohmann::json files = nlohmann::json::object();
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(tmp)) {
@@ -216,7 +207,7 @@ std::string CalibCache::commit() {
     files[f.path().filename().string()] = uint64_t(f.file_size());
     sync_file(f.path().string());
   }
-  write_synced(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(1));
+  write_file_durably((tmp / "manifest.json").string(), nlohmann::json{{"files", files}}.dump(1));
   sync_folder(tmp_);
   kill_point("calib_cache_complete");
   const std::string entry = entry_path();

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include "host/run/layer_sensitivity.h"
@@ -75,11 +74,7 @@ void add(Emitted& total, const Emitted& e) {
 
 template <typename T>
 std::string write_raw(const fs::path& dir, const std::string& name, const std::vector<T>& v) {
-  std::ofstream f(dir / name, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
-  f.close();
-  if (!f) throw Error("cannot write " + (dir / name).string());
-  sync_file((dir / name).string());  // before the checkpoint that names it
+  write_file_durably((dir / name).string(), v.data(), v.size() * sizeof(T));  // before the checkpoint naming it
   return name;
 }
 
@@ -145,9 +140,6 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
   if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
-    std::error_code ec;
-    if (fs::is_directory(quantized_dir(o) / ("g" + std::to_string(g)), ec))
-      sync_folder((quantized_dir(o) / ("g" + std::to_string(g))).string());  // its files' names, before the index
     write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
     const auto ta = std::chrono::steady_clock::now();
     Calibration::advance(copt, model.path(), acts, extras);

@@ -14,8 +14,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+const fs::path kRoot = fs::temp_directory_path() / ("nibble_durable_" + std::to_string(::getpid()));
+// Removes this process's scratch folder when the tests end.
+const struct RemoveRoot {
+  ~RemoveRoot() { fs::remove_all(kRoot); }
+} kRemoveRoot;
+
 fs::path fresh_folder(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("nibble_durable_" + std::to_string(::getpid())) / name;
+  const fs::path d = kRoot / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

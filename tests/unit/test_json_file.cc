@@ -13,10 +13,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+const fs::path kRoot = fs::temp_directory_path() / ("nibble_json_" + std::to_string(::getpid()));
+// Removes this process's scratch folder when the tests end.
+const struct RemoveRoot {
+  ~RemoveRoot() { fs::remove_all(kRoot); }
+} kRemoveRoot;
+
 fs::path scratch(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("nibble_json_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d / name;
+  fs::create_directories(kRoot);
+  return kRoot / name;
 }
 
 fs::path with_text(const std::string& name, const std::string& text) {

@@ -1,6 +1,5 @@
 // write_durably: the whole new file under its name or the old one; a failure leaves no temporary.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,20 +7,17 @@
 
 #include "loaders/durable.h"
 #include "loaders/error.h"
+#include "scratch_dir.h"
 
 using namespace nibble;
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kRoot = fs::temp_directory_path() / ("nibble_durable_" + std::to_string(::getpid()));
-// Removes this process's scratch folder when the tests end.
-const struct RemoveRoot {
-  ~RemoveRoot() { fs::remove_all(kRoot); }
-} kRemoveRoot;
+const test::ScratchDir kScratch("nibble_durable");
 
 fs::path fresh_folder(const std::string& name) {
-  const fs::path d = kRoot / name;
+  const fs::path d = kScratch.root() / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -1,27 +1,23 @@
 // read_json_file: the value, or one line naming the file and what is wrong with it.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "loaders/error.h"
 #include "loaders/json_file.h"
+#include "scratch_dir.h"
 
 using namespace nibble;
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kRoot = fs::temp_directory_path() / ("nibble_json_" + std::to_string(::getpid()));
-// Removes this process's scratch folder when the tests end.
-const struct RemoveRoot {
-  ~RemoveRoot() { fs::remove_all(kRoot); }
-} kRemoveRoot;
+const test::ScratchDir kScratch("nibble_json");
 
 fs::path scratch(const std::string& name) {
-  fs::create_directories(kRoot);
-  return kRoot / name;
+  fs::create_directories(kScratch.root());
+  return kScratch.root() / name;
 }
 
 fs::path with_text(const std::string& name, const std::string& text) {

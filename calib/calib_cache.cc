@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "loaders/content_hash.h"
 #include "loaders/durable.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 #include "loaders/kill_point.h"
 #include "loaders/owner.h"
 
@@ -62,31 +62,13 @@ int open_locked(const fs::path& lock, int op) {
   }
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  if (!f) return nullptr;
-  try {
-    return nlohmann::json::parse(f);
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-void write_synced(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) throw Error("cannot write " + p.string());
-  sync_file(p.string());
-}
-
-// Why an entry cannot be used for `settings`; "" when it can.
-std::string entry_defect(const fs::path& entry, const nlohmann::json& settings) {
-  const nlohmann::json own = read_json(entry / "settings.json");
-  if (own.is_null()) return "its settings.json is missing or unreadable";
+// Why an entry cannot be used for `settings`; "" when it can. A file that cannot be read or is not JSON
+// is a defect too, said as read_json_file says it.
+std::string entry_defect(const fs::path& entry, const nlohmann::json& settings) try {
+  const nlohmann::json own = read_json_file((entry / "settings.json").string());
   if (own != settings) return "its settings are not this run's (different: " + settings_diff(own, settings) + ")";
-  const nlohmann::json manifest = read_json(entry / "manifest.json");
-  if (!manifest.is_object() || !manifest.contains("files")) return "its manifest.json is missing or unreadable";
+  const nlohmann::json manifest = read_json_file((entry / "manifest.json").string());
+  if (!manifest.is_object() || !manifest.contains("files")) return "its manifest.json lists no files";
   std::error_code ec;
   for (const auto& [name, size] : manifest["files"].items()) {
     const auto have = fs::file_size(entry / name, ec);
@@ -94,8 +76,10 @@ std::string entry_defect(const fs::path& entry, const nlohmann::json& settings) 
     if (!size.is_number_unsigned() || have != size.get<uint64_t>())
       return name + " is " + std::to_string(have) + " bytes, the manifest says " + size.dump();
   }
-  if (read_json(entry / "index.json").is_null()) return "its index.json is unreadable";
+  read_json_file((entry / "index.json").string());
   return "";
+} catch (const Error& e) {
+  return e.what();
 }
 
 }  // namespace
@@ -195,8 +179,12 @@ std::string CalibCache::why_not_reused() const {
     if (newest.empty() || t > newest_time) newest = d.path(), newest_time = t;
   }
   if (newest.empty()) return "empty, calibrating";
-  return "not reused, calibrating again (different: " + settings_diff(read_json(newest / "settings.json"), settings_) +
-         ")";
+  try {
+    const nlohmann::json old = read_json_file((newest / "settings.json").string());
+    return "not reused, calibrating again (different: " + settings_diff(old, settings_) + ")";
+  } catch (const Error& e) {
+    return std::string("not reused, calibrating again (") + e.what() + ")";
+  }
 }
 
 std::string CalibCache::begin_write() {
@@ -211,7 +199,7 @@ std::string CalibCache::begin_write() {
 
 std::string CalibCache::commit() {
   const fs::path tmp(tmp_);
-  write_synced(tmp / "settings.json", settings_.dump());
+  write_file_durably((tmp / "settings.json").string(), settings_.dump());
   nlohmann::json files = nlohmann::json::object();
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(tmp)) {
@@ -219,7 +207,7 @@ std::string CalibCache::commit() {
     files[f.path().filename().string()] = uint64_t(f.file_size());
     sync_file(f.path().string());
   }
-  write_synced(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(1));
+  write_file_durably((tmp / "manifest.json").string(), nlohmann::json{{"files", files}}.dump(1));
   sync_folder(tmp_);
   kill_point("calib_cache_complete");
   const std::string entry = entry_path();

@@ -17,8 +17,10 @@
 
 #include "calib/calib_cache.h"
 #include "kernels/quant_types.h"
+#include "loaders/content_hash.h"
 #include "loaders/external_data.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 #include "loaders/onnx_model.h"
 
 extern char** environ;
@@ -39,16 +41,16 @@ std::string shell_join(const std::vector<std::string>& argv) {
   return s;
 }
 
-// Size and a 64-bit FNV-1a hash of the content: whole files up to 64 MiB; for larger ones 64 windows
-// of 64 KiB spread over the file, plus its modification time. A file rewritten in place or replaced
-// under the same name then no longer matches statistics measured on the old one.
+// Size and the XXH64 of the content (nibble's one hash): whole files up to 64 MiB; for larger ones 64
+// windows of 64 KiB spread over the file, plus its modification time. A file rewritten in place or
+// replaced under the same name then no longer matches statistics measured on the old one.
 nlohmann::json file_fingerprint(const std::string& path) {
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
   if (ec) return "missing";
   constexpr uint64_t kWhole = 64ull << 20, kWin = 64 << 10, kWins = 64;
   std::ifstream f(path, std::ios::binary);
-  uint64_t h = 1469598103934665603ull;
+  ContentHash h;
   std::vector<char> buf(kWin);
   auto hash_at = [&](uint64_t off, uint64_t len) {
     f.clear();
@@ -57,7 +59,7 @@ nlohmann::json file_fingerprint(const std::string& path) {
       f.read(buf.data(), std::streamsize(std::min<uint64_t>(len, kWin)));
       const auto got = uint64_t(f.gcount());
       if (got == 0) break;
-      for (uint64_t i = 0; i < got; ++i) h = (h ^ uint8_t(buf[i])) * 1099511628211ull;
+      h.update(buf.data(), size_t(got));
       len -= got;
     }
   };
@@ -68,7 +70,7 @@ nlohmann::json file_fingerprint(const std::string& path) {
     for (uint64_t w = 0; w < kWins; ++w) hash_at((size - kWin) / (kWins - 1) * w, kWin);
     j["mtime"] = int64_t(fs::last_write_time(path, ec).time_since_epoch().count());
   }
-  j["fnv1a"] = h;
+  j["xxh64"] = h.hex();
   return j;
 }
 
@@ -325,13 +327,7 @@ void Calibration::advance(const CalibrationOptions& o, const std::string& model_
 }
 
 void Calibration::read_index(const std::vector<Request>& acts) {
-  nlohmann::json index;
-  try {
-    std::ifstream f(fs::path(dir_) / "index.json");
-    index = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    throw Error("calibration wrote no readable index.json in " + dir_ + ": " + e.what());
-  }
+  const nlohmann::json index = read_json_file((fs::path(dir_) / "index.json").string());
   tokens_ = index.value("tokens_total", int64_t(0));
   for (const auto& a : index.at("activations")) {
     Entry e;

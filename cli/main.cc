@@ -110,7 +110,8 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
                "--enable_mixed_quant)");
   q.add_option("--mixed_budget", o.mixed_budget,
                "sensitivity: share of the weights' elements at 8 bits (0..1) or an output size such as 300MB or "
-               "1.2GiB (default: the size ModelOpt's default choice gives)");
+               "1.2GiB (KB/MB/GB: powers of 1000, KiB/MiB/GiB: of 1024; default: the size ModelOpt's default "
+               "choice gives)");
   q.add_option("--gather_quantize_axis", c.gather_quantize_axis,
                "Quantize the constant 2-D data of Gather nodes (the embedding table [V, H]) to INT4 in blocks "
                "along this axis (1: along H, each token's row in blocks; 0: along V). Absent: embeddings stay "
@@ -141,8 +142,9 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
                "backend's code with the host as the device, for testing)")
       ->capture_default_str();
   q.add_option("--device_memory", c.device_memory,
-               "Device memory the CUDA backend may hold, e.g. 8GiB (default: the free memory less a margin; "
-               "cuda_emulated: 1GiB); larger weights and Gram matrices go through in panels");
+               "Device memory the CUDA backend may hold, e.g. 8GiB (KB/MB/GB: powers of 1000, KiB/MiB/GiB: of "
+               "1024; default: the free memory less a margin; cuda_emulated: 1GiB); larger weights and Gram "
+               "matrices go through in panels");
   q.add_option("--format", c.format,
                "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for every algo but rtn), "
                "qdq (QuantizeLinear->DequantizeLinear on the float weight; default for rtn), matmulnbits "

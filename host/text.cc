@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "loaders/error.h"
 
@@ -19,19 +20,24 @@ std::string human_bytes(uint64_t n) {
 }
 
 uint64_t parse_size(const std::string& s, const std::string& flag) {
+  // SI names are powers of 1000, IEC names (with an i) powers of 1024; a lone letter is the SI prefix.
+  static const std::map<std::string, double> units = {
+      {"", 1.0},  {"b", 1.0},
+      {"k", 1e3}, {"kb", 1e3},   {"ki", 1024.0},          {"kib", 1024.0},
+      {"m", 1e6}, {"mb", 1e6},   {"mi", 1048576.0},       {"mib", 1048576.0},
+      {"g", 1e9}, {"gb", 1e9},   {"gi", 1073741824.0},    {"gib", 1073741824.0},
+      {"t", 1e12}, {"tb", 1e12}, {"ti", 1099511627776.0}, {"tib", 1099511627776.0}};
   const char* begin = s.c_str();
   char* end = nullptr;
   const double v = std::strtod(begin, &end);
   std::string unit;
   for (const char* p = end; p && *p; ++p)
-    if (!std::isspace(static_cast<unsigned char>(*p))) unit += char(std::toupper(static_cast<unsigned char>(*p)));
-  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
-  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
-  const std::string units = "KMGT";
-  const size_t u = unit.empty() || unit == "B" ? std::string::npos : units.find(unit);
-  if (end == begin || !std::isfinite(v) || v <= 0 || (!unit.empty() && unit != "B" && (unit.size() != 1 || u == std::string::npos)))
-    throw Error(flag + " '" + s + "' is not a size (for example 1GiB, 512MiB or a byte count)");
-  const double bytes = v * std::pow(1024.0, u == std::string::npos ? 0.0 : double(u + 1));
+    if (!std::isspace(static_cast<unsigned char>(*p))) unit += char(std::tolower(static_cast<unsigned char>(*p)));
+  const auto u = units.find(unit);
+  if (end == begin || !std::isfinite(v) || v <= 0 || u == units.end())
+    throw Error(flag + " '" + s + "' is not a size (a number and a unit: B, KB, MB, GB, TB = powers of 1000; "
+                "KiB, MiB, GiB, TiB = powers of 1024)");
+  const double bytes = v * u->second;
   if (bytes >= 1.8e19) throw Error(flag + " '" + s + "' is too large");
   return uint64_t(bytes);
 }

@@ -8,8 +8,9 @@ namespace nibble {
 // "1.50 GiB", "12.3 MiB", "4.0 KiB", "17 B".
 std::string human_bytes(uint64_t n);
 
-// "1GiB", "512MiB", "8G", "300MB", "65536": bytes (K/M/G/T and their iB forms are powers of 1024,
-// as device memory is counted). Throws Error naming `flag` on anything else.
+// A size a flag takes, in bytes: a positive number and a unit, case ignored, as the SI and IEC names
+// say: B; KB, MB, GB, TB (or K, M, G, T) are powers of 1000; KiB, MiB, GiB, TiB powers of 1024; no unit
+// is bytes. So "1GB" is 1000000000 and "1GiB" 1073741824. Throws Error naming `flag` on anything else.
 uint64_t parse_size(const std::string& s, const std::string& flag);
 
 }  // namespace nibble

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 
 #include "loaders/error.h"
 
@@ -50,5 +52,32 @@ void sync_path(const std::string& path, int flags, const std::string& what) {
 void sync_file(const std::string& path) { sync_path(path, O_RDONLY, path); }
 
 void sync_folder(const std::string& dir) { sync_path(dir, O_RDONLY | O_DIRECTORY, "folder " + dir); }
+
+void write_durably(const std::string& path, const std::function<void(const std::string& tmp)>& fill) {
+  namespace fs = std::filesystem;
+  const std::string tmp = path + ".nibble-part";
+  try {
+    fill(tmp);
+    sync_file(tmp);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) throw Error(ec.message());
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw Error("cannot write " + path + ": " + e.what());
+  }
+  const fs::path dir = fs::absolute(path).parent_path();
+  sync_folder(dir.string());
+}
+
+void write_file_durably(const std::string& path, const void* data, size_t n) {
+  write_durably(path, [&](const std::string& tmp) {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(static_cast<const char*>(data), std::streamsize(n));
+    f.close();
+    if (!f) throw Error(errno_text(errno));
+  });
+}
 
 }  // namespace nibble

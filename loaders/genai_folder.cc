@@ -1,12 +1,12 @@
 #include "loaders/genai_folder.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "loaders/durable.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 
 namespace fs = std::filesystem;
 
@@ -44,32 +44,18 @@ std::vector<std::string> copy_genai_companions(const std::string& in_model, cons
     if (fs::exists(dst, ec) && !force)
       throw Error("output folder already has " + dst.string() + " (use --force to overwrite)");
     if (name == "genai_config.json") {
-      nlohmann::json cfg;
-      try {
-        std::ifstream f(src);
-        cfg = nlohmann::json::parse(f);
-      } catch (const std::exception& e) {
-        throw Error(src.string() + " is not valid JSON: " + e.what());
-      }
+      nlohmann::json cfg = read_json_file(src.string());
       auto* dec = cfg.contains("model") && cfg["model"].contains("decoder") ? &cfg["model"]["decoder"] : nullptr;
       if (dec && dec->contains("filename") && (*dec)["filename"] == in_name) (*dec)["filename"] = out_name;
-      const fs::path tmp = dst.string() + ".nibble-part";
-      {
-        std::ofstream f(tmp);
-        f << cfg.dump(4) << "\n";
-        if (!f) throw Error("cannot write " + tmp.string());
-      }
-      sync_file(tmp.string());
-      fs::rename(tmp, dst, ec);
-      if (ec) throw Error("cannot write " + dst.string() + ": " + ec.message());
+      write_file_durably(dst.string(), cfg.dump(4) + "\n");
     } else {
-      fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-      if (ec) throw Error("cannot copy " + src.string() + " to " + dst.string() + ": " + ec.message());
-      sync_file(dst.string());
+      // Copied under a temporary name too: a killed run leaves the old companion or the new one.
+      write_durably(dst.string(), [&](const std::string& tmp) {
+        fs::copy_file(src, tmp, fs::copy_options::overwrite_existing);
+      });
     }
-    copied.push_back(name);
+    copied.push_back(name);  // each survives a power cut as the model does
   }
-  if (!copied.empty()) sync_folder(out_dir.string());  // the companions survive a power cut as the model does
   return copied;
 }
 

@@ -25,13 +25,15 @@ const std::vector<float>& search_clip_ratios() {
   return r;
 }
 
-std::vector<double> awq_alphas(double step) {
-  // np.arange(0, 1 + step, step) values (i * step), as ModelOpt builds them.
+std::vector<double> numpy_arange(double start, double stop, double step) {
   std::vector<double> out;
-  const int64_t n = int64_t(std::ceil((1.0 + step) / step));
-  for (int64_t i = 0; i < n; ++i) out.push_back(double(i) * step);
+  if (!(step > 0)) return out;
+  const int64_t n = int64_t(std::ceil((stop - start) / step));
+  for (int64_t i = 0; i < n; ++i) out.push_back(start + double(i) * step);
   return out;
 }
+
+std::vector<double> awq_alphas(double step) { return numpy_arange(0.0, 1.0 + step, step); }
 
 namespace {
 

@@ -32,7 +32,11 @@ std::map<std::string, AwqChoice> awq_lite_search(OnnxModel& model, const Plan& p
 // Clip ratios a block may choose from in nibble mode (with either sign of the scale).
 const std::vector<float>& block_clip_ratios();
 
-// The alpha grid 0, step, 2·step, ..., 1 (np.arange values, as ModelOpt builds it).
+// np.arange(start, stop, step)'s values, ModelOpt's grids: ceil((stop - start) / step) values
+// start + i·step, each computed from i (not accumulated), as numpy does; none when step <= 0.
+std::vector<double> numpy_arange(double start, double stop, double step);
+
+// The alpha grid 0, step, 2·step, ..., 1: np.arange(0, 1 + step, step), as ModelOpt builds it.
 std::vector<double> awq_alphas(double step);
 
 }  // namespace nibble

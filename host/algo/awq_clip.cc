@@ -13,14 +13,7 @@ namespace nibble {
 
 std::vector<double> clip_ratio_grid(double step, double alpha_min) {
   std::vector<double> out;
-  if (step > 0) {
-    // np.arange(start, stop, step): ceil((stop - start) / step) values start + i * step.
-    const double n = std::ceil((1.0 - alpha_min) / step);
-    for (int64_t i = 0; i < int64_t(n); ++i) {
-      const double v = alpha_min + double(i) * step;
-      out.push_back(std::nearbyint(v * 100.0) / 100.0);  // Python's round(v, 2)
-    }
-  }
+  for (double v : numpy_arange(alpha_min, 1.0, step)) out.push_back(std::nearbyint(v * 100.0) / 100.0);  // round(v, 2)
   out.push_back(1.0);
   return out;
 }

@@ -163,17 +163,13 @@ MixedBudget parse_mixed_budget(const std::string& s) {
     b.share = v;
     return b;
   }
-  std::string u;
-  for (char c : unit) u += char(std::tolower(static_cast<unsigned char>(c)));
-  static const std::map<std::string, double> units = {
-      {"b", 1.0},      {"kb", 1e3},          {"mb", 1e6},          {"gb", 1e9},          {"tb", 1e12},
-      {"k", 1e3},      {"m", 1e6},           {"g", 1e9},           {"kib", 1024.0},      {"mib", 1048576.0},
-      {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
-  auto it = units.find(u);
-  if (it == units.end()) throw bad();
-  const double bytes = v * it->second;
-  if (!(bytes > 0) || bytes > 1e18) throw Error("--mixed_budget " + s + " is out of range: a size must be positive");
-  b.bytes = uint64_t(bytes);
+  if (!(v > 0)) throw Error("--mixed_budget " + s + " is out of range: a size must be positive");
+  try {
+    b.bytes = parse_size(t, "--mixed_budget");
+  } catch (const Error&) {
+    throw bad();
+  }
+  if (b.bytes > uint64_t(1e18)) throw Error("--mixed_budget " + s + " is out of range: at most 1e18 bytes");
   return b;
 }
 

@@ -7,13 +7,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
 #include "host/run/report.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 
 namespace nibble {
 
@@ -49,17 +49,8 @@ nlohmann::json resume_settings(const QuantizeOptions& o) {
   return j;
 }
 
-nlohmann::json read_state_json(const std::string& path) {
-  std::ifstream f(path);
-  try {
-    return nlohmann::json::parse(f);
-  } catch (const std::exception&) {
-    throw Error("cannot resume: " + path + " is not readable JSON");
-  }
-}
-
 nlohmann::json read_resumable_state(const std::string& path, const QuantizeOptions& o) {
-  nlohmann::json j = read_state_json(path);
+  nlohmann::json j = read_json_file(path);
   if (!j.contains("settings") || j.at("settings") != resume_settings(o))
     throw Error("--resume: " + path + " was written with other flags; give the same flags or run without --resume");
   return j;

@@ -27,10 +27,8 @@ class LayerStateLock {
 // What must be equal for a stopped run's state to be continued: every flag that can change the output.
 nlohmann::json resume_settings(const QuantizeOptions& o);
 
-// A state file read back; Error (one line) when it is not JSON.
-nlohmann::json read_state_json(const std::string& path);
-// A state file of a stopped run, read back for --resume; Error (one line) when it is not JSON or its
-// "settings" are not this run's (resume_settings).
+// A state file of a stopped run, read back for --resume; Error (one line) when it is not JSON
+// (read_json_file) or its "settings" are not this run's (resume_settings).
 nlohmann::json read_resumable_state(const std::string& path, const QuantizeOptions& o);
 
 // The plan of one group: its weights (plan order) and their siblings, with the run's format and picks.

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include "host/run/layer_sensitivity.h"
@@ -14,6 +13,7 @@
 #include "calib/calibration.h"
 #include "loaders/durable.h"
 #include "loaders/error.h"
+#include "loaders/json_file.h"
 
 namespace fs = std::filesystem;
 
@@ -57,7 +57,7 @@ void save_scales(const QuantizeOptions& o, size_t g, const Searched& s) {
 
 void load_scales(const QuantizeOptions& o, size_t g, Searched& s) {
   const fs::path p = state_path(o) / ("scales_" + std::to_string(g) + ".json");
-  const nlohmann::json j = read_state_json(p.string());
+  const nlohmann::json j = read_json_file(p.string());
   for (const auto& [name, c] : j.items()) s.choices[name].scale = c.get<std::vector<float>>();
 }
 
@@ -74,11 +74,7 @@ void add(Emitted& total, const Emitted& e) {
 
 template <typename T>
 std::string write_raw(const fs::path& dir, const std::string& name, const std::vector<T>& v) {
-  std::ofstream f(dir / name, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
-  f.close();
-  if (!f) throw Error("cannot write " + (dir / name).string());
-  sync_file((dir / name).string());  // before the checkpoint that names it
+  write_file_durably((dir / name).string(), v.data(), v.size() * sizeof(T));  // before the checkpoint naming it
   return name;
 }
 
@@ -144,9 +140,6 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
   if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
-    std::error_code ec;
-    if (fs::is_directory(quantized_dir(o) / ("g" + std::to_string(g)), ec))
-      sync_folder((quantized_dir(o) / ("g" + std::to_string(g))).string());  // its files' names, before the index
     write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
     const auto ta = std::chrono::steady_clock::now();
     Calibration::advance(copt, model.path(), acts, extras);
@@ -198,7 +191,7 @@ std::unique_ptr<LayerStateLock> open_layer_state(const QuantizeOptions& o, size_
   auto lock = std::make_unique<LayerStateLock>(dir.string());
   if (!o.resume && !o.force) {
     if (fs::exists(dir / "checkpoint.json", ec)) {
-      const nlohmann::json c = read_state_json((dir / "checkpoint.json").string());
+      const nlohmann::json c = read_json_file((dir / "checkpoint.json").string());
       throw Error("a run stopped after " + std::to_string(c.value("layers_done", size_t(0))) + " of " +
                   std::to_string(groups) + " layer groups left its state in " + dir.string() +
                   ": --resume continues it, --force starts over");
@@ -224,7 +217,7 @@ void clear_state(const fs::path& dir) {
 void check_same_inputs(const QuantizeOptions& o, const fs::path& dir) {
   const fs::path p = dir / "inputs.json";
   std::error_code ec;
-  const nlohmann::json was = fs::exists(p, ec) ? read_state_json(p.string()) : nlohmann::json();
+  const nlohmann::json was = fs::exists(p, ec) ? read_json_file(p.string()) : nlohmann::json();
   if (was != calibration_input_fingerprints(o.calib, o.onnx_path))
     throw Error("--resume: the model, its data or the calibration files differ from those of the stopped run in " +
                 dir.string() + ": --force starts over");
@@ -296,7 +289,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   size_t first = 0;
   std::error_code ec;
   if (o.resume && fs::exists(dir / "checkpoint.json", ec)) {
-    const nlohmann::json c = read_state_json((dir / "checkpoint.json").string());
+    const nlohmann::json c = read_json_file((dir / "checkpoint.json").string());
     first = c.at("layers_done").get<size_t>();
     std::vector<std::string> log;
     for (const auto& h : c.at("inline_log")) log.push_back(unhex(h.get<std::string>()));

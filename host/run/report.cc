@@ -1,6 +1,5 @@
 #include "host/run/report.h"
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -105,30 +104,8 @@ void write_json_file(const std::string& path, const nlohmann::json& report) {
     return;
   }
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = p.string() + ".nibble-part";
-  {
-    std::ofstream f(tmp);
-    if (!f) throw Error("cannot write report " + p.string());
-    f << report.dump(2) << "\n";
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw Error("cannot write report " + p.string());
-    }
-  }
-  // fsynced before the rename and the folder after: a checkpoint must survive a crash of the machine
-  // whole, as the old one or the new one.
-  try {
-    sync_file(tmp);
-  } catch (const Error& e) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write report " + p.string() + ": " + e.what());
-  }
-  fs::rename(tmp, p, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write report " + p.string() + ": " + ec.message());
-  }
-  sync_folder(p.parent_path().string());
+  // A checkpoint must survive a crash of the machine whole, as the old one or the new one.
+  write_file_durably(p.string(), report.dump(2) + "\n");
 }
 
 }  // namespace nibble

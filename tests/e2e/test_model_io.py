@@ -53,6 +53,19 @@ def test_genai_companions_not_overwritten_without_force(nibble, tmp_path):
     assert json.load(open(tmp_path / "out" / "genai_config.json"))["model"]["decoder"]["filename"] == "model.onnx"
 
 
+def test_genai_config_not_json_is_one_error_line_naming_it(nibble, tmp_path):
+    src = _genai_folder(str(tmp_path / "in"))
+    cfg = tmp_path / "in" / "genai_config.json"
+    cfg.write_text('{"model": {"decoder": ')
+    out = tmp_path / "out" / "model.onnx"
+    r = nibble.quantize(src, str(out), "--algo", "rtn_dq", check=False)
+    assert r.returncode != 0, r.describe()
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"nibble: error: {os.path.realpath(cfg)} is not valid JSON: parse error at line 1, "
+                           "column 23"), r.describe()
+    assert not [n for n in os.listdir(out.parent) if n.endswith(".nibble-part")]
+
+
 def test_output_beside_input_leaves_genai_files_alone(nibble, tmp_path):
     src = _genai_folder(str(tmp_path / "in"))
     before = folder_digest(str(tmp_path / "in"))

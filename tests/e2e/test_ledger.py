@@ -89,23 +89,24 @@ def test_rtn_dq_moves_each_weight_once_and_the_packed_output_back(nibble, ledger
     check_pooled(nibble, deep_model, None, tmp_path, r, "--algo", "rtn_dq")
 
 
-def test_rtn_dq_prefetches_the_next_weight(nibble, ledger_model, tmp_path):
-    """rtn_dq keeps weight i + 1 on the device (Backend::keep: an upload enqueued on the prefetch stream)
+@pytest.mark.parametrize("algo,op", [("rtn_dq", "rtn"), ("rtn_lsq", "rtn_lsq")])
+def test_rtn_prefetches_the_next_weight(nibble, ledger_model, tmp_path, algo, op):
+    """rtn_dq and rtn_lsq keep weight i + 1 on the device (Backend::keep: an upload enqueued on the prefetch stream)
     before it quantizes weight i: every weight but the first goes up as a prefetch that the previous
     weight's launches overlap and is read in place; each still crosses the bus once, all of it through
     the pinned staging ring."""
     _, src, _ = ledger_model
-    r, d, _ = _run(nibble, src, str(tmp_path), None, "--algo", "rtn_dq")
+    r, d, _ = _run(nibble, src, str(tmp_path), None, "--algo", algo)
     sizes = [w["bytes_in"] for w in r["weights"]]
     ops = d["ops"]
     assert len(sizes) > 2
     assert d["prefetches"] == ops["keep"]["prefetches"] == len(sizes) - 1
     assert d["prefetches_overlapped"] == d["prefetches"]
     assert d["prefetch_bytes"] == d["prefetch_bytes_overlapped"] == sum(sizes[1:])
-    assert ops["rtn_lsq"]["h2d_bytes"] == sizes[0]  # the others are read where their prefetch put them
+    assert ops[op]["h2d_bytes"] == sizes[0]  # the others are read where their prefetch put them
     assert d["h2d_bytes"] == sum(sizes)
     assert d["staged_bytes"] == d["h2d_bytes"] + d["d2h_bytes"]
-    assert d["staging_chunks"] >= 2 * ops["rtn_lsq"]["calls"]
+    assert d["staging_chunks"] >= 2 * ops[op]["calls"]
 
 
 def test_awq_lite_moves_each_weight_and_each_gram_once(nibble, ledger_model, deep_model, tmp_path):
@@ -186,7 +187,8 @@ def test_gptq_moves_each_weight_and_each_gram_once(nibble, ledger_model, deep_mo
     check_pooled(nibble, deep_model, npz, tmp_path, r, "--algo", algo, "--layer_by_layer", "off", held=algo == "awq_gptq")
 
 
-@pytest.mark.parametrize("algo,fmt", [("hqq", "dq"), ("hqq", "matmulnbits"), ("rtn_dq", "matmulnbits")])
+@pytest.mark.parametrize("algo,fmt", [("hqq", "dq"), ("hqq", "matmulnbits"), ("rtn_dq", "matmulnbits"),
+                                      ("rtn_lsq", "matmulnbits")])
 def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, algo, fmt):
     """Each weight once, and its packed output back. MatMulNBits: the quantizer leaves the codes, scales and
     integer zero points on the device, where the packings read them: nothing goes up for them, and only
@@ -206,7 +208,7 @@ def test_hqq_moves_each_weight_once(nibble, ledger_model, deep_model, tmp_path, 
         # The quantizer brings back its error sum (8 bytes) and HQQ its fractional zero points (fp16, as the
         # output stores them): codes, scales and integer zero points stay on the device.
         fzp = sum(-(-x["shape"][x["k_axis"]] // 32) * x["shape"][1 - x["k_axis"]] * 2 for x in r["weights"])
-        quant = ops["hqq" if algo == "hqq" else "rtn_lsq"]
+        quant = ops[{"hqq": "hqq", "rtn_dq": "rtn"}.get(algo, algo)]
         assert quant["d2h_bytes"] == 8 * quant["calls"] + (fzp if algo == "hqq" else 0)
     check_down(r, d, out)
     check_on_host(d)

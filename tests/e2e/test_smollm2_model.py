@@ -172,6 +172,6 @@ def test_emulated_device_prefetches_the_next_weight(nibble, model_dir, tmp_path)
     assert len(sizes) == r["summary"]["weights_quantized"] > 100
     assert d["prefetches"] == d["prefetches_overlapped"] == len(sizes) - 1
     assert d["prefetch_bytes_overlapped"] == sum(sizes[1:])
-    assert d["ops"]["rtn_lsq"]["h2d_bytes"] == sizes[0]
+    assert d["ops"]["rtn"]["h2d_bytes"] == sizes[0]
     assert d["h2d_bytes"] == sum(sizes)
     assert d["staged_bytes"] == d["h2d_bytes"] + d["d2h_bytes"]

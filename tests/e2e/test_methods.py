@@ -3,8 +3,15 @@ what `nibble quantize` does with each method."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
+
+from .conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "python"))
+from nibble import _api  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +58,9 @@ def test_help_and_text_list_every_summary(nibble, listed):
         assert f"{name}: {m['summary']}" in help_text, name
         assert m["summary"] in text, name
 
+
+def test_python_api_reads_the_registry(nibble, listed, monkeypatch):
+    monkeypatch.setenv("NIBBLE_BIN", os.path.abspath(nibble.binary))
+    assert set(_api.calibrated_methods()) == {n for n, m in listed.items() if m["calibrates"]}
+    assert _api.calibrates("gptq", {}) and not _api.calibrates("rtn_dq", {})
+    assert _api.calibrates("rtn_dq", {"mixed_strategy": "sensitivity"})

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "host/run/eval.h"
+#include "host/methods.h"
 #include "host/options.h"
 #include "host/text.h"
 #include "host/run/pipeline.h"
@@ -22,20 +23,6 @@
 #include "loaders/error.h"
 
 namespace {
-
-constexpr const char* kAlgoHelp =
-    "Quantization algorithm (ModelOpt's names). rtn_dq: round-to-nearest, DequantizeLinear output, no "
-    "calibration, fastest; with --awq_mode nibble (default) it is ONNX Runtime's RTN byte for byte (symmetric: "
-    "each block's extreme on code -8; with --use_zero_point: min/max), with --awq_mode modelopt ModelOpt's "
-    "15-level amax/7 grid, bit-identical. "
-    "rtn: the same, QuantizeLinear->DequantizeLinear on the float weight. rtn_lsq: each block's scale searched by "
-    "least squares on 16 levels (symmetric; usually 1-2% lower perplexity than rtn_dq, once 6% higher). "
-    "awq_lite: activation-aware scale search (calibration through ONNX Runtime). awq_clip: per-block clip "
-    "ratio search on the calibration data. awq_full: awq_lite then awq_clip. gptq: GPTQ (each channel's rounding error compensated on the channels not "
-    "yet quantized, through the inverse of XᵀX from calibration). awq_gptq: awq_lite's scales, then GPTQ on W ⊙ s. rtn_search: round-to-nearest where each block "
-    "picks the clip ratio and sign of its scale with the smallest weight error, no calibration. hqq: half-quadratic "
-    "quantization (each block's zero point by proximal lp-norm iterations, no calibration; writes zero points, "
-    "fractional ones in --format matmulnbits)";
 
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
@@ -51,7 +38,7 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
                "Output ONNX model; its weights go to OUTPUT.<hash>.data beside it (<hash>: 16 hex digits of the "
                "file's content hash). A missing folder is created")
       ->required();
-  q.add_option("--algo", c.algo, kAlgoHelp)->capture_default_str();
+  q.add_option("--algo", c.algo, nibble::methods_help())->capture_default_str();
   q.add_option("--block_size", o.block_size,
                "Elements per quantization block along the reduction dimension K: a power of two >= 16, "
                "or -1 for one block per output channel")
@@ -302,6 +289,14 @@ CLI::App* add_selftest_command(CLI::App& app, SelftestArgs& a) {
   return selftest;
 }
 
+CLI::App* add_methods_command(CLI::App& app, bool& json) {
+  CLI::App* methods = app.add_subcommand(
+      "methods", "List the quantization methods (--algo): what each calibrates, whether --awq_mode modelopt runs "
+                 "it, its default --format");
+  methods->add_flag("--json", json, "JSON for programs (the Python API reads it)");
+  return methods;
+}
+
 // CLI11's parse; the exit status when it ends the run (help, version, a bad flag or preset).
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
@@ -365,6 +360,8 @@ int main(int argc, char** argv) {
   CLI::App* eval = add_eval_command(app, eval_opts);
   SelftestArgs selftest_args;
   CLI::App* selftest = add_selftest_command(app, selftest_args);
+  bool methods_json = false;
+  CLI::App* methods = add_methods_command(app, methods_json);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
 
   try {
@@ -376,6 +373,7 @@ int main(int argc, char** argv) {
       return nibble::run_quantize(opts);
     }
     if (*eval) return nibble::run_eval(eval_opts);
+    if (*methods) return nibble::run_methods(methods_json);
     if (*selftest) {
       const uint64_t memory =
           selftest_args.memory.empty() ? 0 : nibble::parse_size(selftest_args.memory, "--device_memory");

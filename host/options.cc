@@ -2,19 +2,32 @@
 
 #include <utility>
 
+#include "host/methods.h"
 #include "loaders/error.h"
 
 namespace nibble {
 namespace {
 
+// "a, b or c"
+std::string choice_list(const std::vector<const char*>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += std::string(i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
+[[noreturn]] void unknown(const char* flag, const std::string& s, const std::vector<const char*>& names) {
+  throw Error(std::string(flag) + " " + s + " is unknown (choose " + choice_list(names) + ")");
+}
+
 template <typename E, size_t N>
 E parse_name(const std::string& s, const char* flag, const std::pair<const char*, E> (&table)[N]) {
-  std::string choices;
-  for (size_t i = 0; i < N; ++i) {
-    if (s == table[i].first) return table[i].second;
-    choices += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + table[i].first;
+  std::vector<const char*> names;
+  for (const auto& [name, v] : table) {
+    if (s == name) return v;
+    names.push_back(name);
   }
-  throw Error(std::string(flag) + " " + s + " is unknown (choose " + choices + ")");
+  unknown(flag, s, names);
 }
 
 template <typename E, size_t N>
@@ -24,11 +37,6 @@ const char* name_in(E e, const std::pair<const char*, E> (&table)[N]) {
   return "";
 }
 
-constexpr std::pair<const char*, Algo> kAlgos[] = {
-    {"awq_lite", Algo::kAwqLite}, {"awq_clip", Algo::kAwqClip}, {"awq_full", Algo::kAwqFull},
-    {"rtn", Algo::kRtn},          {"rtn_dq", Algo::kRtnDq},     {"gptq", Algo::kGptq},
-    {"awq_gptq", Algo::kAwqGptq}, {"rtn_search", Algo::kRtnSearch},
-    {"rtn_lsq", Algo::kRtnLsq},   {"hqq", Algo::kHqq}};
 constexpr std::pair<const char*, Arithmetic> kModes[] = {{"nibble", Arithmetic::kNibble},
                                                          {"modelopt", Arithmetic::kModelOpt}};
 constexpr std::pair<const char*, Format> kFormats[] = {
@@ -50,7 +58,13 @@ constexpr std::pair<const char*, LayerMode> kLayerModes[] = {
 
 }  // namespace
 
-Algo parse_algo(const std::string& s) { return parse_name(s, "--algo", kAlgos); }
+// The algorithms' names are the method registry's.
+Algo parse_algo(const std::string& s) {
+  if (const Method* m = find_method(s)) return m->algo;
+  std::vector<const char*> names;
+  for (const Method& m : methods()) names.push_back(m.name);
+  unknown("--algo", s, names);
+}
 Arithmetic parse_awq_mode(const std::string& s) { return parse_name(s, "--awq_mode", kModes); }
 Format parse_format(const std::string& s) { return parse_name(s, "--format", kFormats); }
 
@@ -61,7 +75,7 @@ int parse_gather_axis(const std::string& s) {
 }
 kernels::Device parse_device(const std::string& s) { return parse_name(s, "--device", kDevices); }
 MixedStrategy parse_mixed_strategy(const std::string& s) { return parse_name(s, "--mixed_strategy", kStrategies); }
-const char* name_of(Algo a) { return name_in(a, kAlgos); }
+const char* name_of(Algo a) { return method(a).name; }
 const char* name_of(Arithmetic a) { return name_in(a, kModes); }
 const char* name_of(Format f) { return name_in(f, kFormats); }
 const char* name_of(kernels::Device d) { return name_in(d, kDevices); }
@@ -74,10 +88,10 @@ LayerMode parse_layer_mode(const std::string& s) {
   return parse_name(s, "--layer_by_layer", kLayerModes);
 }
 
-Format QuantizeOptions::resolved_format() const {
-  if (format) return *format;
-  return algo == Algo::kRtn ? Format::kQdq : Format::kDq;
-}
+Format QuantizeOptions::resolved_format() const { return format ? *format : method(algo).default_format; }
+bool QuantizeOptions::searches_scales() const { return method(algo).measures.scale_search; }
+bool QuantizeOptions::searches_clip() const { return method(algo).measures.clip_search; }
+bool QuantizeOptions::uses_gptq() const { return method(algo).measures.gptq; }
 
 MixedStrategy QuantizeOptions::mixed_strategy() const {
   if (!layers_8bit.empty()) return MixedStrategy::kLayers8bit;

@@ -13,7 +13,10 @@
 
 namespace nibble {
 
+// One record per value in the method registry (host/methods.h): what each is called, what it calibrates,
+// whether ModelOpt's arithmetic covers it, its default format.
 enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kRtnLsq, kHqq };
+constexpr Algo kLastAlgo = Algo::kHqq;  // a new Algo goes after it, and moves it: the registry's test walks 0..last
 // Whose arithmetic the algorithms follow (--awq_mode): nibble's own, or ModelOpt 0.47's with its quirks,
 // for bit-exact codes (host/algo/modelopt_compat.h). host/algo/arithmetic.h is where the two part.
 enum class Arithmetic { kNibble, kModelOpt };
@@ -55,7 +58,7 @@ struct QuantizeOptions {
   Arithmetic arithmetic = Arithmetic::kNibble;  // --awq_mode
   kernels::Device device = kernels::Device::kAuto;
   uint64_t device_memory = 0;    // --device_memory in bytes; 0: free device memory less a margin (emulated: 1 GiB)
-  std::optional<Format> format;  // absent: dq for rtn_dq and the AWQ algorithms, qdq for rtn
+  std::optional<Format> format;  // absent: the method's default (qdq for rtn, dq for the others)
   int threads = 0;               // 0: all cores
   bool force = false;
   // Calibrate, search and quantize one decoder layer at a time (host/run/layers.h); --resume continues
@@ -69,11 +72,11 @@ struct QuantizeOptions {
   bool verbose = false;
 
   Format resolved_format() const;
-  // awq_lite, awq_full and awq_gptq search input scales s; awq_clip and awq_full search clip ratios;
-  // gptq and awq_gptq quantize by GPTQ.
-  bool searches_scales() const { return algo == Algo::kAwqLite || algo == Algo::kAwqFull || algo == Algo::kAwqGptq; }
-  bool searches_clip() const { return algo == Algo::kAwqClip || algo == Algo::kAwqFull; }
-  bool uses_gptq() const { return algo == Algo::kGptq || algo == Algo::kAwqGptq; }
+  // What the method's record measures (host/methods.h): input scales s (awq_lite, awq_full, awq_gptq), clip
+  // ratios (awq_clip, awq_full), GPTQ (gptq, awq_gptq).
+  bool searches_scales() const;
+  bool searches_clip() const;
+  bool uses_gptq() const;
   // HQQ fits zero points: it writes them whatever --use_zero_point says.
   bool zero_point() const { return zero_point_flag || algo == Algo::kHqq; }
   // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).

@@ -6,6 +6,7 @@
 
 #include "host/algo/awq_parts.h"
 #include "host/algo/mixed_precision.h"
+#include "host/methods.h"
 #include "loaders/error.h"
 
 namespace nibble::modelopt {
@@ -225,13 +226,8 @@ void quantize_gather(kernels::Backend& backend, const kernels::WeightMatrix& w, 
 // ---- Flags
 
 void check_supported(const QuantizeOptions& o) {
-  if (o.algo == Algo::kRtnSearch || o.algo == Algo::kRtnLsq)
-    throw Error(std::string("--algo ") + name_of(o.algo) +
-                " --awq_mode modelopt: ModelOpt has no RTN search (its RTN is --algo rtn_dq)");
-  if (o.algo == Algo::kHqq) throw Error("--algo hqq --awq_mode modelopt: ModelOpt has no HQQ (use --awq_mode nibble)");
-  if (o.uses_gptq())
-    throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: ModelOpt has no GPTQ, so there is "
-                "no arithmetic of its to reproduce (use --awq_mode nibble)");
+  if (const char* why = method(o.algo).modelopt_refusal)
+    throw Error(std::string("--algo ") + name_of(o.algo) + " --awq_mode modelopt: " + why);
   if (o.awqlite_run_per_subgraph && o.algo == Algo::kAwqFull)
     throw Error("--awqlite_run_per_subgraph with --algo awq_full --awq_mode modelopt: ModelOpt refuses the "
                 "per-subgraph search with the clip search (use --awq_mode nibble)");

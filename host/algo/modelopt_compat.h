@@ -89,8 +89,8 @@ bool gather_zero_point(const QuantizeOptions& o);
 void quantize_gather(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
                      kernels::QuantResult& q);
 
-// What ModelOpt has no arithmetic for (RTN search, HQQ, GPTQ) or refuses (per-subgraph search with
-// awq_full or mixed precision): one-line errors.
+// What ModelOpt has no arithmetic for (the method record's refusal: RTN search, HQQ, GPTQ) or refuses
+// (per-subgraph search with awq_full or mixed precision): one-line errors.
 void check_supported(const QuantizeOptions& o);
 // Flags ModelOpt's arithmetic ignores here (the per-node grid's alpha step, awq_clip's zero point).
 void warn_inert_flags(const QuantizeOptions& o);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "host/methods.h"
 #include "host/run/layer_state.h"
 #include "host/run/layers.h"
 #include "host/run/report.h"
@@ -77,7 +78,7 @@ void restore_pick(const nlohmann::json& j, Planned& planned) {
 
 }  // namespace
 
-bool calibrates_after_pick(const QuantizeOptions& o) { return o.searches_scales() || o.searches_clip() || o.uses_gptq(); }
+bool calibrates_after_pick(const QuantizeOptions& o) { return method(o.algo).calibrates(); }
 
 void choose_int8_layer_by_layer(const QuantizeOptions& o, OnnxModel& model, Planned& planned,
                                 const std::vector<std::vector<size_t>>& groups, const std::string& groups_file,

@@ -20,7 +20,8 @@ void choose_int8_layer_by_layer(const QuantizeOptions& o, OnnxModel& model, Plan
                                 const std::vector<std::vector<size_t>>& groups, const std::string& groups_file,
                                 kernels::Backend& backend);
 
-// Whether the layers still calibrate once the INT8 set is chosen (AWQ, clip search, GPTQ do; RTN does not).
+// Whether the layers still calibrate once the INT8 set is chosen: the method's record calibrates (AWQ, clip
+// search, GPTQ do; RTN does not).
 bool calibrates_after_pick(const QuantizeOptions& o);
 
 }  // namespace nibble

@@ -18,7 +18,6 @@ namespace {
 
 // Flags ModelOpt's command line has that change nothing in this configuration: one line each.
 void warn_inert_flags(const QuantizeOptions& o) {
-  const bool lite = o.searches_scales(), clip = o.searches_clip();
   if (o.gather_block_size != 32 && !o.gather_quantize_axis)
     spdlog::warn("--gather_block_size {}: no effect without --gather_quantize_axis (as in ModelOpt, the axis "
                  "turns Gather quantization on): embeddings stay float", o.gather_block_size);
@@ -35,7 +34,7 @@ void warn_inert_flags(const QuantizeOptions& o) {
                  name_of(o.resolved_format()));
   if (!o.uses_gptq() && o.gptq_act_order)
     spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
-  if (!lite && !clip && !o.uses_gptq() && !mixed_needs_calibration(o))
+  if (!needs_calibration(o))
     for (const auto& [on, flag] : {std::pair{o.calib.use_random_calib, "--use_random_calib"},
                                    {o.calib.add_position_ids, "--add_position_ids"},
                                    {o.calib.no_position_ids, "--no_position_ids"}})

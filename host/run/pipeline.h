@@ -20,4 +20,7 @@ int run_inspect(const std::string& model_path, const std::vector<std::string>& n
 // line each; returns 1 when any fails.
 int run_selftest(kernels::Device device, uint64_t device_memory);
 
+// `nibble methods`: the method registry, a table or (json) one JSON object on stdout. Returns the exit code.
+int run_methods(bool json);
+
 }  // namespace nibble

@@ -8,6 +8,7 @@
 
 #include "host/graph/gather_plan.h"
 #include "host/graph/opset.h"
+#include "host/methods.h"
 #include "loaders/error.h"
 #include "loaders/genai_folder.h"
 
@@ -76,9 +77,7 @@ void search_scales(const QuantizeOptions& o, OnnxModel& model, const Plan& plan,
   s.choices = search_awq_scales(model, plan, *s.calib, o, backend, &s.per_node, &s.kept);
 }
 
-bool needs_calibration(const QuantizeOptions& o) {
-  return o.searches_scales() || o.searches_clip() || o.uses_gptq() || mixed_needs_calibration(o);
-}
+bool needs_calibration(const QuantizeOptions& o) { return method(o.algo).calibrates() || mixed_needs_calibration(o); }
 
 Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend) {
   Searched s;

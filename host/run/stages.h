@@ -62,7 +62,8 @@ struct Searched {
                      const std::vector<float>* s, const std::vector<float>* divisor)>
       on_quantized;
 };
-// Whether the run calibrates (AWQ, clip search, or the sensitivity measure of mixed precision).
+// Whether the run calibrates: its method measures something (host/methods.h), or mixed precision's
+// sensitivity measure does.
 bool needs_calibration(const QuantizeOptions& o);
 Searched search_stage(const QuantizeOptions& o, OnnxModel& model, Planned& planned, kernels::Backend& backend);
 // AWQ's scale search of the plan's weights on s.calib (search_awq_scales) into

@@ -14,6 +14,8 @@ memory, as ModelOpt returns it; the folder is removed.
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import shutil
@@ -25,15 +27,29 @@ from typing import Any, Iterable, Sequence
 from ._cli import binary, child_env
 
 _log = logging.getLogger("nibble")
-# The methods that calibrate (the command line's rule: a scale or clip search, or GPTQ's Hessian); mixed
-# precision by sensitivity calibrates whatever the method.
-CALIBRATED = ("awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq")
 # One .onnx file is one protobuf message: 2 GiB at most.
 PROTO_LIMIT = 2 ** 31
 
 
+@functools.lru_cache(maxsize=None)
+def _methods(exe: str) -> tuple[dict, ...]:
+    """The method registry of the binary at exe (`nibble methods --json`), read once per binary."""
+    p = subprocess.run([exe, "methods", "--json"], capture_output=True, text=True, env=child_env())
+    if p.returncode != 0:
+        lines = p.stderr.strip().splitlines()
+        msg = lines[-1].removeprefix("nibble: error: ") if lines else f"exit {p.returncode}"
+        raise NibbleError(msg, p.returncode, p.stderr)
+    return tuple(json.loads(p.stdout)["methods"])
+
+
+def calibrated_methods() -> list[str]:
+    """The methods that calibrate (a scale or clip search, or GPTQ's Hessian), as the binary lists them."""
+    return [m["name"] for m in _methods(binary()) if m["calibrates"]]
+
+
 def calibrates(calibration_method: str, kwargs: dict) -> bool:
-    return calibration_method in CALIBRATED or kwargs.get("mixed_strategy") == "sensitivity"
+    # Mixed precision by sensitivity calibrates whatever the method.
+    return calibration_method in calibrated_methods() or kwargs.get("mixed_strategy") == "sensitivity"
 
 
 class NibbleError(RuntimeError):
@@ -180,7 +196,8 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
                 n = write_calibration_npz(calibration_data_reader, npz)
             else:
                 _log.warning("calibration_data_reader has no effect: %s does not calibrate (a method that does: "
-                             "%s, or mixed_strategy='sensitivity')", calibration_method, ", ".join(CALIBRATED))
+                             "%s, or mixed_strategy='sensitivity')", calibration_method,
+                             ", ".join(calibrated_methods()))
         single_file = output_path is not None and not use_external_data_format
         if output_path is None:
             out = os.path.join(tmp, "out", "model.onnx")

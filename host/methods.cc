@@ -1,0 +1,75 @@
+#include "host/methods.h"
+
+#include "loaders/error.h"
+
+namespace nibble {
+namespace {
+
+constexpr Measures kNone{};
+constexpr Measures kScales{true, false, false};
+constexpr Measures kClip{false, true, false};
+constexpr Measures kScalesAndClip{true, true, false};
+constexpr Measures kGptq{false, false, true};
+constexpr Measures kScalesAndGptq{true, false, true};
+
+constexpr const char* kNoRtnSearch = "ModelOpt has no RTN search (its RTN is --algo rtn_dq)";
+constexpr const char* kNoGptq =
+    "ModelOpt has no GPTQ, so there is no arithmetic of its to reproduce (use --awq_mode nibble)";
+
+// The order is --help's: the RTN family, then the calibrated searches, then the later additions; "rtn: the
+// same" reads on from rtn_dq.
+std::vector<Method> table() {
+  return {
+      {"rtn_dq", Algo::kRtnDq, kNone, nullptr, Format::kDq,
+       "round-to-nearest, DequantizeLinear output, no calibration, fastest; with --awq_mode nibble (default) it "
+       "is ONNX Runtime's RTN byte for byte (symmetric: each block's extreme on code -8; with --use_zero_point: "
+       "min/max), with --awq_mode modelopt ModelOpt's 15-level amax/7 grid, bit-identical."},
+      {"rtn", Algo::kRtn, kNone, nullptr, Format::kQdq,
+       "the same, QuantizeLinear->DequantizeLinear on the float weight."},
+      {"rtn_lsq", Algo::kRtnLsq, kNone, kNoRtnSearch, Format::kDq,
+       "each block's scale searched by least squares on 16 levels (symmetric; usually 1-2% lower perplexity "
+       "than rtn_dq, once 6% higher)."},
+      {"awq_lite", Algo::kAwqLite, kScales, nullptr, Format::kDq,
+       "activation-aware scale search (calibration through ONNX Runtime)."},
+      {"awq_clip", Algo::kAwqClip, kClip, nullptr, Format::kDq,
+       "per-block clip ratio search on the calibration data."},
+      {"awq_full", Algo::kAwqFull, kScalesAndClip, nullptr, Format::kDq, "awq_lite then awq_clip."},
+      {"gptq", Algo::kGptq, kGptq, kNoGptq, Format::kDq,
+       "GPTQ (each channel's rounding error compensated on the channels not yet quantized, through the inverse "
+       "of XᵀX from calibration)."},
+      {"awq_gptq", Algo::kAwqGptq, kScalesAndGptq, kNoGptq, Format::kDq, "awq_lite's scales, then GPTQ on W ⊙ s."},
+      {"rtn_search", Algo::kRtnSearch, kNone, kNoRtnSearch, Format::kDq,
+       "round-to-nearest where each block picks the clip ratio and sign of its scale with the smallest weight "
+       "error, no calibration."},
+      {"hqq", Algo::kHqq, kNone, "ModelOpt has no HQQ (use --awq_mode nibble)", Format::kDq,
+       "half-quadratic quantization (each block's zero point by proximal lp-norm iterations, no calibration; "
+       "writes zero points, fractional ones in --format matmulnbits)."},
+  };
+}
+
+}  // namespace
+
+const std::vector<Method>& methods() {
+  static const std::vector<Method> all = table();
+  return all;
+}
+
+const Method& method(Algo a) {
+  for (const Method& m : methods())
+    if (m.algo == a) return m;
+  throw Error("algorithm " + std::to_string(int(a)) + " has no record in the method table");
+}
+
+const Method* find_method(const std::string& name) {
+  for (const Method& m : methods())
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
+std::string methods_help() {
+  std::string s = "Quantization algorithm (ModelOpt's names).";
+  for (const Method& m : methods()) s += std::string(" ") + m.name + ": " + m.summary;
+  return s;
+}
+
+}  // namespace nibble

@@ -11,6 +11,6 @@ done
 log="${obj:-/dev/null}.ptxas.log"
 "$@" 2>"$log.tmp"
 rc=$?
-grep -v "^ptxas info" "$log.tmp" >&2
+grep -v -e "^ptxas info" -e "^    [0-9]* bytes stack frame, " "$log.tmp" >&2
 mv "$log.tmp" "$log"
 exit $rc

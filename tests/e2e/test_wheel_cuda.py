@@ -1,8 +1,8 @@
-"""The CUDA wheel, installed with its `cuda13` extra into a fresh venv by scripts/test_wheel_cuda
-($NIBBLE_WHEEL_CUDA_VENV): the binary resolves cudart, cuBLAS and cuSOLVER from NVIDIA's runtime wheels
-in that venv (not from the system toolkit, which this machine also has), the emulated device passes
-every operation from the installed wheel, and `--device auto` on a machine without a GPU says why it
-uses the CPU and writes the CPU's bytes."""
+"""The CUDA wheel, installed with its `cuda13` (or, with --cu12, `cuda12`) extra into a fresh venv by
+scripts/test_wheel_cuda ($NIBBLE_WHEEL_CUDA_VENV, $NIBBLE_WHEEL_CUDA_VARIANT): the binary resolves cudart,
+cuBLAS and cuSOLVER from NVIDIA's runtime wheels in that venv (not from the system toolkit, which this
+machine also has), the emulated device passes every operation from the installed wheel, and `--device
+auto` on a machine without a GPU says why it uses the CPU and writes the CPU's bytes."""
 from __future__ import annotations
 
 import glob
@@ -19,8 +19,20 @@ from .test_wheel import GRAFTED, _clean_env, _ldd
 VENV = os.environ.get("NIBBLE_WHEEL_CUDA_VENV", "")
 pytestmark = pytest.mark.skipif(not VENV, reason="needs the installed CUDA wheel: run scripts/test_wheel_cuda")
 
-# What the binary links from CUDA, and the wheel folder each must come from.
-CUDA_LIBS = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcusolver.so.12"]
+VARIANT = os.environ.get("NIBBLE_WHEEL_CUDA_VARIANT", "cu13")
+# What the binary loads from CUDA, and the wheel folder (under site-packages) each must come from. CUDA
+# 12's wheels keep a folder per library; cuSPARSE and nvJitLink are cuSOLVER's, found by its RUNPATH.
+CUDA_LIB_FOLDERS = {
+    "cu13": {lib: "nvidia/cu13/lib" for lib in
+             ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcusolver.so.12"]},
+    "cu12": {"libcudart.so.12": "nvidia/cuda_runtime/lib", "libcublas.so.12": "nvidia/cublas/lib",
+             "libcublasLt.so.12": "nvidia/cublas/lib", "libcusolver.so.11": "nvidia/cusolver/lib",
+             "libcusparse.so.12": "nvidia/cusparse/lib", "libnvJitLink.so.12": "nvidia/nvjitlink/lib"},
+}[VARIANT]
+# What auditwheel may find outside the wheel: CUDA's libraries only.
+CUDA_EXTERNAL = {"cu13": {"libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcusolver.so.12",
+                          "libcusparse.so.12", "libnvJitLink.so.13"},
+                 "cu12": set(CUDA_LIB_FOLDERS)}[VARIANT]
 
 
 def _site_packages() -> str:
@@ -37,9 +49,9 @@ def _installed(*args: str, timeout: int = 300, cwd: str | None = None) -> subpro
 def test_binary_resolves_cuda_from_the_runtime_wheels_and_the_rest_from_the_wheel():
     binary = os.path.join(_site_packages(), "nibble", "bin", "nibble")
     libs = _ldd(binary)
-    wheel_lib = os.path.realpath(os.path.join(_site_packages(), "nvidia", "cu13", "lib"))
-    for name in CUDA_LIBS:
-        assert name in libs, f"{binary} does not link {name}: {sorted(libs)}"
+    for name, folder in CUDA_LIB_FOLDERS.items():
+        assert name in libs, f"{binary} does not load {name}: {sorted(libs)}"
+        wheel_lib = os.path.realpath(os.path.join(_site_packages(), folder))
         assert os.path.dirname(os.path.realpath(libs[name])) == wheel_lib, f"{name} => {libs[name]}"
     venv = os.path.realpath(VENV) + os.sep
     for lib in GRAFTED:  # the C++ libraries auditwheel grafted, as in the CPU wheel
@@ -87,4 +99,4 @@ def test_wheel_is_manylinux_needing_only_cuda_from_outside():
     assert r.returncode == 0, r.stderr
     external = set(json.loads(r.stdout)["external_libs"])
     assert external, "auditwheel show finds no external library: CUDA's should be"
-    assert external <= set(CUDA_LIBS + ["libcusparse.so.12", "libnvJitLink.so.13"]), external
+    assert external <= CUDA_EXTERNAL, external

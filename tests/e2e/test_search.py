@@ -17,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 from . import search_reference as sr
 from .conftest import Graph, ort_run
 
+ort_state = pytest.importorskip("onnxruntime.capi._pybind_state")
+
 GOLDEN = "/work/golden/smollm2-fp32/model.onnx"
 BS = 64  # divides both K (576 and 1536): the numpy reference takes whole blocks only
 PICK = {"/model/layers.0/attn/q_proj/MatMul": None, "/model/layers.3/mlp/down_proj/MatMul": None}
@@ -281,9 +283,16 @@ def test_symmetric_rtn_is_onnx_runtimes(nibble, request, fixture):
         assert np.array_equal(s.T.reshape(-1).astype(np.float32).view(np.uint32), rs.view(np.uint32)), i
         assert np.array_equal(q.T.reshape(N * G, BS), rc), i
         assert (rs < 0).any() and (rc == -8).any()  # the extreme on code -8, whatever its sign
+        # And ONNX Runtime's own kernel (the function its MatMulNBits quantizer calls) on the same weight.
+        packed_ort = np.zeros((N, G, BS // 2), np.uint8)
+        scales_ort = np.zeros((N, G), model["dtype"])
+        ort_state.quantize_matmul_4bits(packed_ort, w, scales_ort, np.zeros((N, (G + 1) // 2), np.uint8), BS, N, K,
+                                        True)
+        assert np.array_equal(s.T.reshape(-1).astype(np.float32), scales_ort.reshape(-1).astype(np.float32)), i
         node = next(n for n in m.node_list if n.op_type == "MatMulNBits" and n.input[1].startswith(f"w{i}"))
         assert len(node.input) < 4 or node.input[3] == "", node.input  # no zero points: 8 implied
         packed = m.array(node.input[1]).reshape(N, -1)
         codes = np.empty((N, packed.shape[1] * 2), np.uint8)
         codes[:, 0::2], codes[:, 1::2] = packed & 0x0F, packed >> 4
         assert np.array_equal(codes[:, :K].reshape(N * G, BS).astype(np.int16) - 8, rc.astype(np.int16)), i
+        assert np.array_equal(packed.reshape(-1), packed_ort.reshape(-1)), i

@@ -35,23 +35,6 @@ std::unique_ptr<Backend> make_emulated(const BackendOptions& o, std::string* why
 
 }  // namespace
 
-WeightMatrix Backend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
-  host = scale_weight_f32(w, s);
-  WeightMatrix out = w;
-  out.dtype = DType::kFloat32;
-  out.data = host.data();
-  out.resident.reset();
-  return out;
-}
-
-WeightMatrix Backend::scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
-  host = scale_weight(w, s);
-  WeightMatrix out = w;
-  out.data = host.data();
-  out.resident.reset();
-  return out;
-}
-
 std::vector<uint8_t> Backend::pack_onnx_codes(const QuantResult& q, int bits) {
   if (bits == 4 && !q.packed.empty()) return q.packed;
   if (q.codes.empty() && q.resident)

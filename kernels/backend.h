@@ -3,8 +3,8 @@
 // plain scalar reference in kernels/cpu (`*_ref`), which every backend is tested against
 // (tests/unit/test_backend_ops.cc walks every operation on every backend).
 //
-// Layouts: a weight is a WeightMatrix in its stored layout ([K, N] or [N, K], see quant_types.h);
-// per-channel vectors (scales s, energies) have K values; Gram matrices are K x K row-major.
+// The operations are declared once, in backend_ops.inc (with their layouts and meanings); arrays that
+// stay on a backend between operations are Tensors (tensor.h).
 #pragma once
 #include <map>
 #include <memory>
@@ -12,31 +12,31 @@
 #include <vector>
 
 #include "kernels/quant_types.h"
+#include "kernels/tensor.h"
 
 namespace nibble::kernels {
 
-// What the AWQ loss reads of one activation: XᵀX (float32, K x K row-major) over `rows` tokens and,
-// optionally, its Cholesky factor U (XᵀX = UᵀU, upper triangle row-major, gram_cholesky_upper):
-// with U the loss is ‖U D‖², one triangular product instead of a GEMM.
+// What the AWQ loss reads of one activation: XᵀX (float32 [K, K] row-major) over `rows` tokens and,
+// optionally, its Cholesky factor U (XᵀX = UᵀU, upper triangle row-major, gram_cholesky_upper): with U
+// the loss is ‖U D‖², one triangular product instead of a GEMM. Each is a tensor: host data, the
+// backend's copy (Backend::upload, or left there by gram_cholesky_upper), or both. `gram`'s host data
+// is always given (its diagonal weighs the clip choices).
 struct GramForm {
   int64_t K = 0;
   int64_t rows = 0;
-  const float* gram32 = nullptr;
-  const float* upper = nullptr;  // null (and no upper_resident): the GEMM form Σ D ⊙ (G D)
-  std::shared_ptr<const Resident> upper_resident{};  // U kept on the backend (gram_cholesky_kept)
-  std::shared_ptr<const Resident> gram_resident{};   // gram32 kept on the backend (keep_gram)
-  bool has_upper() const { return upper || upper_resident; }
+  Tensor gram;
+  Tensor upper;  // empty: the GEMM form Σ D ⊙ (G D)
+  bool has_upper() const { return !upper.empty(); }
 };
 
-// gram_cholesky_upper's factor where the backend keeps it: host values (the CPU), or the backend's own
-// copy (a device backend; `host` stays empty). Neither: not factorisable.
+// gram_cholesky_upper's result: U (float32 [K, K], upper triangle) where the backend computed it (host
+// memory on the CPU, the device's on a device); empty when not factorisable. A device whose attempt
+// failed leaves the float32 Gram it uploaded in `gram` (for the GEMM form, so that it does not cross the
+// bus twice); empty otherwise.
 struct GramFactor {
-  std::vector<float> host;
-  std::shared_ptr<const Resident> resident;
-  // Not factorisable on a device: the float32 Gram the attempt uploaded, kept for the GEMM form (as
-  // keep_gram would keep it), so that it does not cross the bus twice. Null otherwise.
-  std::shared_ptr<const Resident> gram_resident;
-  bool ok() const { return !host.empty() || resident; }
+  Tensor upper;
+  Tensor gram;
+  bool ok() const { return !upper.empty(); }
 };
 
 // The Gram-form clip search's losses are float products E = G_g·D over tiles of this many output
@@ -70,9 +70,6 @@ constexpr double kCholeskyShifts[] = {0.0, 1e-12, 1e-9, 1e-6, 1e-5, 1e-4};
 struct GramClipOptions {
   std::vector<float> ratios;
   bool both_signs = true;  // symmetric: also try the negated scale (the extreme on code -2^(b-1))
-  // The block-diagonal as keep_gram_blocks kept it on the backend (read there instead of `gram`), shared
-  // by the sibling weights that read one activation.
-  std::shared_ptr<const Resident> kept_blocks{};
 };
 
 // GPTQ's inverse-Hessian factor of one activation (gptq_factor): what every weight reading that
@@ -80,10 +77,10 @@ struct GramClipOptions {
 struct GptqFactor {
   int64_t K = 0;
   std::vector<int64_t> perm;   // sweep order: position i quantizes input channel perm[i]
-  std::vector<float> upper;    // U with H⁻¹ = UᵀU, H the damped Gram in sweep order: K x K row-major, upper
-  // U (and the sweep's channel vectors) kept on a device backend: `upper` is then empty, and that backend's
-  // gptq_quantize of every weight reading the activation reads it in place.
-  std::shared_ptr<const Resident> upper_resident{};
+  // U with H⁻¹ = UᵀU, H the damped Gram in sweep order: float32 [K, K] row-major, upper. Host memory on
+  // the CPU; a device backend leaves it (with the sweep's channel vectors) in its own buffer, which its
+  // gptq_quantize of every weight reading the activation reads in place.
+  Tensor upper;
   std::vector<float> energy;   // diag of the (scaled, undamped) Gram per input channel, in channel order
   std::vector<uint8_t> dead;   // channels that are never active (zero diagonal): their weights become 0
   double damp = 0;             // what was added to the diagonal
@@ -140,7 +137,7 @@ struct OpTransfers {
   bool host_fallback = false;
   // How the copies went (kernels/cuda/device.h): the bytes of h2d + d2h that went through the pinned
   // staging ring and the chunked copies (DMAs) they took; uploads enqueued ahead of their use
-  // (Backend::keep's prefetch, counted under the operation that enqueued them) and, of those, the ones
+  // (Backend::upload's prefetch, counted under the operation that enqueued them) and, of those, the ones
   // during which launches were issued before anything waited for them (overlapped with compute).
   uint64_t staged_bytes = 0;
   uint64_t staging_chunks = 0;
@@ -172,133 +169,16 @@ class Backend {
   // streams, memory and ledger are its one caller's.
   virtual bool takes_concurrent_calls() const { return false; }
 
-  // ---- Arrays kept on the backend (tensors that live on the backend: uploaded once, read in place)
-  // The weight put on the backend: its operations given the returned matrix read the backend's copy. A
-  // device backend enqueues its upload and returns at once (when it fits its memory; else the matrix
-  // comes back as it was): the operations that read it wait for the upload, so the host may keep the
-  // next weight while this one computes (w.data must stay valid while the returned handle lives). The
-  // CPU returns w as it is.
-  virtual WeightMatrix keep(const WeightMatrix& w) { return w; }
-  // Room for weights held together (a whole-model search keeps each for the quantizer that follows): one
-  // allocation for arrays of these sizes, into which keep_in() puts them, so that holding more weights
-  // makes no more allocations. Null where nothing is kept (the CPU) or the room does not fit.
-  virtual std::shared_ptr<Resident> reserve_kept(const std::vector<uint64_t>& bytes) {
-    (void)bytes;
-    return {};
-  }
-  // keep() into `room` (reserve_kept's): w as it was (no resident) when the room has no space left for it;
-  // the space comes back to the room when the returned handle's last copy goes.
-  virtual WeightMatrix keep_in(const WeightMatrix& w, const std::shared_ptr<Resident>& room) {
-    (void)room;
-    return keep(w);
-  }
-  // scale_weight_f32 left on the backend: a device backend returns a float32 matrix that only it holds
-  // (data null); the CPU computes it into `host` and returns a matrix on it.
-  virtual WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);
-  // scale_weight (W ⊙ s rounded to w's dtype) left on the backend likewise.
-  virtual WeightMatrix scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host);
-  // gram_cholesky_upper left on the backend (a device backend keeps U; the CPU returns it in `host`).
-  virtual GramFactor gram_cholesky_kept(const double* gram, int64_t K) { return {gram_cholesky_upper(gram, K), {}, {}}; }
-  // The float32 Gram matrix put on the backend for the GEMM form of awq_losses (no factor): every loss
-  // given the returned form reads the backend's copy. The CPU (or a device it does not fit) returns g.
-  virtual GramForm keep_gram(const GramForm& g) { return g; }
-  // The Gram matrix's block-diagonal [ceil(K/B), B, B] (float64, as clip_quantize_gram reads it with
-  // gram_block = B) kept on a device backend for the sibling weights of one activation (null: not kept).
-  virtual std::shared_ptr<const Resident> keep_gram_blocks(const double* blocks, int64_t K, int64_t B) {
-    (void)blocks, (void)K, (void)B;
-    return {};
-  }
+  // Every operation, from the one table (backend_ops.inc, where each is described).
+#define NIBBLE_BACKEND_OP(name, result, params) virtual result name params = 0;
+#include "kernels/backend_ops.inc"
+#undef NIBBLE_BACKEND_OP
 
-  // ---- Round to nearest (rtn_ref.h)
-  // Plain RTN of one weight, ModelOpt's formulas.
-  virtual void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) = 0;
-  // RTN where each block picks among `ratios` x its scale the one with the smallest error weighted
-  // per input channel by channel_weight[k].
-  virtual void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
-                            const std::vector<float>& ratios, QuantResult& out) = 0;
-  // Symmetric RTN with a given clip ratio per block (ratio_ng [N * G], index n * G + g).
-  virtual void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) = 0;
-
-  // ---- Calibration-free per-block searches (search_ref.h); codes are RTN's with the chosen parameters
-  // Each block's scale (and zero point) by least squares around 2^b-level RTN, kept where the block's
-  // weighted error falls (block_fit.h).
-  virtual void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) = 0;
-  // HQQ: each block's zero point by the half-quadratic proximal iterations; spec.zero_point must be set.
-  // opt.float_zero_point: the zero points are floats (out.float_zero_points; see QuantResult).
-  virtual void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) = 0;
-
-  // ---- Weight scaling (stored layout in and out)
-  // W ⊙ s along K, each product rounded to w.dtype.
-  virtual std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) = 0;
-  // W ⊙ s along K in float32 whatever w.dtype is.
-  virtual std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) = 0;
-  // W ⊘ d along N (a consumer's 1/s folded into this weight's columns): w / round(d[n]), rounded.
-  virtual std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) = 0;
-
-  // ---- AWQ statistics, scales and loss (awq_ref.h)
-  // ModelOpt's get_weight_scale (strided groups) or nibble's contiguous-block version: K values.
-  virtual std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) = 0;
-  // ModelOpt's per-subgraph weight statistic of siblings that share an input: their [K, N_i] side by
-  // side ([K, sum N], row-major) viewed as [block, -1], each element normalised by the max of its
-  // column of that view (+1e-6), averaged over sum N. K * sum N must be a multiple of block.
-  virtual std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) = 0;
-  // s(alpha) = x_mean^alpha / w_mean^(1-alpha), clamped and normalised: K values.
-  virtual std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
-                                       double alpha) = 0;
-  // Element-wise mean of equal-length vectors in numpy's float32 order (ModelOpt's sibling mean).
-  virtual std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) = 0;
-  // U with XᵀX = UᵀU from a float64 Gram matrix (empty when not factorisable).
-  virtual std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) = 0;
-  // Per input channel diag(XᵀX)[k] / s[k]² from a float64 Gram matrix (s null: 1).
-  virtual std::vector<float> channel_energy(const double* gram, int64_t K, const float* s) = 0;
-  // The output error of quantizing W ⊙ s (against X ⊘ s) per token and column, one value per scale
-  // vector: mean (XW - (X ⊘ s) Ŵ)². With clip_ratios each block picks its ratio as rtn_weighted does
-  // (weights diag(XᵀX)/s², W ⊙ s in fp32, scales rounded to w.dtype); without, W ⊙ s is rounded to
-  // w.dtype and quantized by plain RTN. Also the sensitivity measure of mixed precision (s = 1).
-  virtual std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
-                                         const QuantSpec& spec, const GramForm& gram,
-                                         const std::vector<float>* clip_ratios) = 0;
-
-  // ---- Clip search (clip_ref.h)
-  // ModelOpt's _clip_search on its token sample x [T, K] float32: the chosen ratio per block [N * G].
-  virtual std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x,
-                                                  int64_t T, const std::vector<double>& ratios,
-                                                  int64_t bsz_col) = 0;
-  // nibble's clip search on the Gram matrix (whole K x K, gram_block = 0, or its block-diagonal
-  // [G, B, B], gram_block = B), scaled by inv_s on both sides when given; quantizes into out.
-  virtual void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
-                                  int64_t gram_block, const float* inv_s, const GramClipOptions& opt,
-                                  QuantResult& out) = 0;
-
-  // ---- GPTQ (gptq_ref.h)
-  // The factor of H = diag(inv_s) XᵀX diag(inv_s) (inv_s null: 1) from a float64 K x K Gram matrix:
-  // dead channels get a unit diagonal, H += percdamp * mean(diag H) * I (10x more, up to 4 times, when
-  // H is still not positive definite), act_order sweeps channels by decreasing diag(H). Throws
-  // std::runtime_error when no dampening makes it factorisable.
-  virtual GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
-                                 bool act_order) = 0;
-  // GPTQ of one weight: channels quantized in f.perm order, each one's rounding error spread over the
-  // channels not yet quantized through U; block g's scale (and zero point) is fixed when the sweep first
-  // reaches one of its channels, from the block's values at that moment. sq_error: against w.
-  virtual void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f,
-                             const GptqOptions& opt, QuantResult& out) = 0;
-
-  // ---- Packing (pack.h)
-  // ONNX INT4/UINT4 raw_data (two codes a byte, low nibble first); 8 bits: unchanged.
-  virtual std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) = 0;
   // A result's codes packed as pack_onnx does: q.packed when the backend brought them back packed
   // (nothing to do), else pack_onnx(q.codes, bits).
   std::vector<uint8_t> pack_onnx_codes(const QuantResult& q, int bits);
-  // com.microsoft.MatMulNBits inputs B, scales [N, G] and packed zero points.
-  virtual std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
-                                                       const QuantResult& q, int64_t layout_block) = 0;
-  virtual std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) = 0;
-  virtual std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
-                                                            const QuantResult& q) = 0;
-  // The float weight s·(q − z) in the stored layout, as `out` (dequant_ref.h): what qdq stores when the
-  // codes are not the rounding of the original weight.
-  virtual std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
-                                          DType out) = 0;
+  // A weight put on the backend (upload of its tensor).
+  WeightMatrix upload_weight(const WeightMatrix& w) { return WeightMatrix::of(upload(w.tensor()), w.k_axis); }
 };
 
 // kCudaEmulated: the CUDA backend's own code with the host as the device (tests, CI, `selftest`);

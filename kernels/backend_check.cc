@@ -57,21 +57,23 @@ std::vector<Case> zero_point_only(const std::vector<Case>& cs) {
 
 const std::vector<std::string>& backend_op_names() {
   static const std::vector<std::string> names = {
-      "rtn", "rtn_weighted", "rtn_ratios", "rtn_lsq", "hqq", "scale_weight", "scale_weight_f32", "divide_columns",
-      "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
-      "clip_search_modelopt", "clip_quantize_gram", "gptq", "pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales",
-      "pack_matmulnbits_zero_points", "dequantize"};
+#define NIBBLE_BACKEND_OP(name, result, params) #name,
+#include "kernels/backend_ops.inc"
+#undef NIBBLE_BACKEND_OP
+  };
   return names;
 }
 
+std::vector<OpCheck> check_backend_tensors(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs);
 
 std::vector<OpCheck> check_backend_ops(Backend& b) {
   auto ref = make_reference_backend();
   const std::vector<Case> cs = check::cases();
-  std::vector<OpCheck> out = check_backend_ops_part1(*ref, b, cs);
-  for (OpCheck& c : check_backend_ops_part2(*ref, b, cs)) out.push_back(std::move(c));
+  std::vector<OpCheck> out = check_backend_tensors(*ref, b, cs);
+  for (auto* part : {&check_backend_ops_part1, &check_backend_ops_part2})
+    for (OpCheck& c : part(*ref, b, cs)) out.push_back(std::move(c));
   return out;
 }
 
@@ -139,17 +141,25 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
       }
     return std::string();
   }));
-  using Scale = std::vector<uint8_t> (Backend::*)(const WeightMatrix&, const float*);
+  // The scaled weight as each backend left it, brought back; and the device's copy read by its own RTN.
+  using Scale = WeightMatrix (Backend::*)(const WeightMatrix&, const float*);
   const std::pair<const char*, Scale> scalings[] = {{"scale_weight", &Backend::scale_weight},
-                                                    {"scale_weight_f32", &Backend::scale_weight_f32},
-                                                    {"divide_columns", &Backend::divide_columns}};
-  for (const auto& [name, fn] : scalings) {
-    const bool by_n = std::string(name) == "divide_columns";
+                                                    {"scale_weight_f32", &Backend::scale_weight_f32}};
+  for (const auto& [name, fn] : scalings)
     out.push_back(run(name, ref, b, symmetric_only(cs), [&](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
-      const auto s = check::positive(by_n ? c.N : c.K, 0.3f, 3.0f, 11);
-      return same((r.*fn)(w.m, s.data()), (g.*fn)(w.m, s.data()), name);
+      const auto s = check::positive(c.K, 0.3f, 3.0f, 11);
+      const WeightMatrix a = (r.*fn)(w.m, s.data()), x = (g.*fn)(w.m, s.data());
+      if (auto e = same(r.download(a.tensor()), g.download(x.tensor()), name); !e.empty()) return e;
+      QuantResult qa, qx;
+      r.rtn(a, c.spec(), qa);
+      g.rtn(x, c.spec(), qx);
+      return same_quant(qa, qx);
     }));
-  }
+  out.push_back(run("divide_columns", ref, b, symmetric_only(cs),
+                    [&](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+                      const auto d = check::positive(c.N, 0.3f, 3.0f, 11);
+                      return same(r.divide_columns(w.m, d.data()), g.divide_columns(w.m, d.data()), "divided");
+                    }));
   out.push_back(run("awq_weight_mean", ref, b, symmetric_only(cs),
                     [](Backend& r, Backend& g, const Case& c, const check::Weight& w) {
                       for (bool contiguous : {false, true})

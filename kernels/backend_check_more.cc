@@ -33,18 +33,22 @@ std::vector<float> to_float(const std::vector<double>& g) { return std::vector<f
 std::string check_losses(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
   const auto gram = check::gram(300, c.K, 21);
   const auto g32 = to_float(gram);
-  const auto upper = r.gram_cholesky_upper(gram.data(), c.K);
+  const Tensor g32t = host_view(DType::kFloat32, {c.K, c.K}, g32.data());
+  // U from the reference (host memory, which a device uploads), and U as the backend itself left it.
+  const GramFactor ur = r.gram_cholesky_upper(gram.data(), c.K), ug = g.gram_cholesky_upper(gram.data(), c.K);
   const auto s1 = check::positive(c.K, 0.5f, 2.0f, 5), s2 = check::positive(c.K, 0.8f, 1.25f, 6);
   const std::vector<float> ratios{1.0f, 0.9f, 0.8f};
-  for (bool factor : {false, true})
+  for (int form_kind : {0, 1, 2})
     for (bool clip : {false, true}) {
-      const GramForm form{c.K, 300, g32.data(), factor ? upper.data() : nullptr};
-      const auto want = r.awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
-      const auto got = g.awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
+      const GramForm want_form{c.K, 300, g32t, form_kind ? ur.upper : Tensor{}};
+      const GramForm got_form{c.K, 300, g32t, form_kind == 1 ? ur.upper : form_kind == 2 ? ug.upper : Tensor{}};
+      const auto want = r.awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), want_form, clip ? &ratios : nullptr);
+      const auto got = g.awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), got_form, clip ? &ratios : nullptr);
       for (size_t i = 0; i < want.size(); ++i)
         if (!(std::fabs(got[i] - want[i]) <= 2e-4 * std::fabs(want[i])))
-          return std::string(factor ? "factor" : "Gram") + " form" + (clip ? " with clip ratios" : "") + ": loss " +
-                 std::to_string(got[i]) + ", reference " + std::to_string(want[i]) + " (bound: relative 2e-4)";
+          return std::string(form_kind == 0 ? "Gram form" : form_kind == 1 ? "host factor" : "own factor") +
+                 (clip ? " with clip ratios" : "") + ": loss " + std::to_string(got[i]) + ", reference " +
+                 std::to_string(want[i]) + " (bound: relative 2e-4)";
     }
   return {};
 }
@@ -62,7 +66,8 @@ std::string check_clip_gram(Backend& r, Backend& g, const Case& c, const check::
     for (bool scaled : {false, true})
       for (bool both : {false, true}) {
         const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f}, both};
-        const double* gm = gb ? blocks.data() : gram.data();
+        const Tensor gm = gb ? host_view(DType::kFloat64, {G, B, B}, blocks.data())
+                             : host_view(DType::kFloat64, {K, K}, gram.data());
         QuantResult a, x;
         r.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, a);
         g.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, x);
@@ -167,8 +172,11 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
   out.push_back(run("gram_cholesky_upper", ref, b, one, [](Backend&, Backend& g, const Case& c, const check::Weight&) {
     const int64_t K = c.K;
     const auto gram = check::gram(300, K, 3);
-    const auto u = g.gram_cholesky_upper(gram.data(), K);
-    if (u.size() != size_t(K * K)) return std::string("no factor");
+    const GramFactor f = g.gram_cholesky_upper(gram.data(), K);
+    if (!f.ok() || f.upper.elements() != K * K) return std::string("no factor");
+    const std::vector<uint8_t> bytes = g.download(f.upper);
+    std::vector<float> u(size_t(K * K));
+    std::memcpy(u.data(), bytes.data(), u.size() * 4);
     double gmax = 0;
     for (int64_t k = 0; k < K; ++k) gmax = std::max(gmax, gram[size_t(k * K + k)]);
     for (int64_t i = 0; i < K; ++i)
@@ -179,7 +187,7 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
           return "UᵀU differs from G at " + std::to_string(i) + "," + std::to_string(j) + " (bound 2e-6 of max G_kk)";
       }
     std::vector<double> zero(size_t(K * K), 0.0);
-    return g.gram_cholesky_upper(zero.data(), K).empty() ? std::string() : std::string("factor of a zero matrix");
+    return g.gram_cholesky_upper(zero.data(), K).ok() ? std::string("factor of a zero matrix") : std::string();
   }));
   out.push_back(run("channel_energy", ref, b, one, [](Backend& r, Backend& g, const Case& c, const check::Weight&) {
     const auto gram = check::gram(50, c.K, 4);
@@ -194,7 +202,12 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
   out.push_back(run("clip_search_modelopt", ref, b,
                     select(cs, [](const Case& c) { return !c.zero_point && c.bits == 4; }), check_clip_modelopt));
   out.push_back(run("clip_quantize_gram", ref, b, cs, check_clip_gram));
-  out.push_back(run("gptq", ref, b, select(cs, [](const Case& c) { return c.K == 200 && c.bits == 4; }), check_gptq));
+  // One check covers both GPTQ operations (a factor is only observable through its sweep).
+  const auto gptq_cases = select(cs, [](const Case& c) { return c.K == 200 && c.bits == 4; });
+  OpCheck gptq = run("gptq_factor", ref, b, gptq_cases, check_gptq);
+  out.push_back(gptq);
+  gptq.op = "gptq_quantize";
+  out.push_back(std::move(gptq));
   for (const char* op :
        {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points", "dequantize"}) {
     const std::string name = op;

@@ -5,26 +5,28 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/tensor.h"
 
 namespace nibble::kernels {
 
 // A 2-D weight as stored: row-major [rows, cols] of a float type. k_axis says which axis is the
 // reduction dimension K (0 for MatMul's [K, N], 1 for Gemm transB's [N, K]); blocks always run
-// along K, so a block is `block` consecutive elements of one output channel.
-// A backend's own copy of an array (ggml-backend's tensor in a backend buffer): made by the backend
-// (Backend::keep and the *_kept operations), read by its operations in place of the host array beside
-// it, released with the last handle. Opaque to the host; the CPU backend makes none.
-struct Resident {
-  virtual ~Resident() = default;
-};
-
+// along K, so a block is `block` consecutive elements of one output channel. It is a 2-D Tensor
+// (tensor.h) with its K axis: `data` and `buffer` say where its bytes are, as a Tensor's do.
 struct WeightMatrix {
   DType dtype = DType::kFloat32;
-  const void* data = nullptr;  // null when the weight lives only on the backend (`resident`)
+  const void* data = nullptr;  // null when the weight lives only on the backend (`buffer`)
   int64_t rows = 0;
   int64_t cols = 0;
   int k_axis = 0;
-  std::shared_ptr<const Resident> resident{};
+  std::shared_ptr<const Buffer> buffer{};
+
+  Tensor tensor() const { return Tensor{dtype, {rows, cols}, data, buffer}; }
+  // The 2-D tensor t ([rows, cols]) as a weight whose K axis is k_axis.
+  static WeightMatrix of(const Tensor& t, int k_axis) {
+    return WeightMatrix{t.dtype, t.data, t.shape.at(0), t.shape.at(1), k_axis, t.buffer};
+  }
+  size_t bytes() const { return size_t(rows * cols) * dtype_size(dtype); }
 
   int64_t K() const { return k_axis == 0 ? rows : cols; }
   int64_t N() const { return k_axis == 0 ? cols : rows; }
@@ -87,7 +89,7 @@ struct QuantResult {
   // then `codes`, `packed`, `scales` and `zero_points` are empty (float_zero_points and sq_error come back
   // as ever), and only that backend's pack_matmulnbits_weight, matmulnbits_scales and
   // pack_matmulnbits_zero_points read the result.
-  std::shared_ptr<const Resident> resident{};
+  std::shared_ptr<const Buffer> resident{};
   int64_t groups = 0;                // G = ceil(K / block)
   double sq_error = 0;               // sum over elements of (w - dequant(q))^2
 };

@@ -75,15 +75,14 @@ std::unique_ptr<ClipSearch> make_clip_search(const QuantizeOptions& o, Calibrati
 }
 
 kernels::WeightMatrix scale_by_awq(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,
-                                   const float* s, kernels::Backend& backend, std::vector<uint8_t>& buffer,
-                                   kernels::QuantSpec* spec) {
+                                   const float* s, kernels::Backend& backend, kernels::QuantSpec* spec) {
   switch (o.arithmetic) {
-    case Arithmetic::kModelOpt: return modelopt::scale_weight(backend, w, s, buffer);
+    case Arithmetic::kModelOpt: return modelopt::scale_weight(backend, w, s);
     case Arithmetic::kNibble: break;
   }
   // nibble: W ⊙ s in fp32, its quantization scales rounded to the weight dtype; left on a device backend.
   spec->scale_dtype = pw.dtype;
-  return backend.scale_weight_f32_kept(w, s, buffer);
+  return backend.scale_weight_f32(w, s);
 }
 
 void quantize_awq_scaled(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,

@@ -38,10 +38,10 @@ std::unique_ptr<ClipSearch> make_clip_search(const QuantizeOptions& o, Calibrati
                                              OnnxModel& model, const Plan& plan,
                                              const std::map<std::string, AwqChoice>* per_node);
 
-// W ⊙ s, the weight an AWQ scale s quantizes (may set spec->scale_dtype); `buffer` owns it when on the host.
+// W ⊙ s, the weight an AWQ scale s quantizes (may set spec->scale_dtype), where the backend left it (the
+// returned matrix holds its buffer).
 kernels::WeightMatrix scale_by_awq(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,
-                                   const float* s, kernels::Backend& backend, std::vector<uint8_t>& buffer,
-                                   kernels::QuantSpec* spec);
+                                   const float* s, kernels::Backend& backend, kernels::QuantSpec* spec);
 // Quantizes W ⊙ s when no clip search or GPTQ follows the AWQ scale search.
 void quantize_awq_scaled(const QuantizeOptions& o, const PlannedWeight& pw, const kernels::WeightMatrix& w,
                          const kernels::QuantSpec& spec, const std::vector<float>& s, Calibration& calib,

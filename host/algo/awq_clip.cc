@@ -52,13 +52,18 @@ void GramClipSearch::quantize(const PlannedWeight& pw, const kernels::WeightMatr
   const auto grid = clip_ratio_grid(o_.awqclip_alpha_step, o_.awqclip_alpha_min);
   for (auto it = grid.rbegin(); it != grid.rend(); ++it) opt.ratios.push_back(float(*it));  // 1.0 first
   opt.both_signs = true;  // measured: ppl 69.50 with, 71.28 without (bench/RESULTS.md)
-  if (block && pw.activation != blocks_of_) {
-    kept_blocks_.reset();  // the last activation's, freed first
-    kept_blocks_ = backend_.keep_gram_blocks(gram, pw.K(), block);
-    blocks_of_ = pw.activation;
+  const int64_t K = pw.K();
+  kernels::Tensor g = block ? kernels::host_view(DType::kFloat64, {kernels::num_blocks(K, block), block, block}, gram)
+                            : kernels::host_view(DType::kFloat64, {K, K}, gram);
+  if (block) {  // the blocks go on the backend once for the sibling weights that read this activation
+    if (pw.activation != blocks_of_) {
+      blocks_.release();  // the last activation's, freed first
+      blocks_ = backend_.upload(g);
+      blocks_of_ = pw.activation;
+    }
+    g.buffer = blocks_.buffer;
   }
-  if (block) opt.kept_blocks = kept_blocks_;
-  backend_.clip_quantize_gram(w, spec, gram, block, awq_scale ? inv.data() : nullptr, opt, q);
+  backend_.clip_quantize_gram(w, spec, g, block, awq_scale ? inv.data() : nullptr, opt, q);
   calib_.release_gram(pw.activation);
 }
 

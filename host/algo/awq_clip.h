@@ -51,7 +51,7 @@ class GramClipSearch : public ClipSearch {
   kernels::Backend& backend_;
   // The Gram blocks of the activation last read, kept on a device backend for its sibling weights.
   std::string blocks_of_;
-  std::shared_ptr<const kernels::Resident> kept_blocks_;
+  kernels::Tensor blocks_;
 };
 
 }  // namespace nibble

@@ -43,24 +43,20 @@ class GramCache {
   kernels::GramForm get(Calibration& calib, const std::string& act, bool numpy_mean, ActivationStats* stats) {
     *stats = calib.stats(act, numpy_mean);
     if (act != name_) {
-      gram_kept_.reset();  // the last activation's, freed before this one's are made
-      factor_ = {};
-      // Kept where the backend computes it (a device keeps U for the sibling weights that read it).
-      factor_ = cholesky_ ? backend_.gram_cholesky_kept(stats->gram, stats->K) : kernels::GramFactor{};
-      if (cholesky_ && !factor_.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
+      form_ = {};  // the last activation's tensors, released before this one's are made
+      // Left where the backend computes it (a device keeps U for the sibling weights that read it).
+      kernels::GramFactor f = cholesky_ ? backend_.gram_cholesky_upper(stats->gram, stats->K) : kernels::GramFactor{};
+      if (cholesky_ && !f.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
       g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
       name_ = act;
-      // The GEMM form reads G itself: a device keeps it for the sibling weights too.
-      // (What the failed factorisation uploaded, when the backend kept it.)
-      if (!factor_.ok())
-        gram_kept_ = factor_.gram_resident
-                         ? factor_.gram_resident
-                         : backend_.keep_gram(kernels::GramForm{stats->K, stats->rows, g32_.data()}).gram_resident;
+      const kernels::Tensor g32 = kernels::host_view(DType::kFloat32, {stats->K, stats->K}, g32_.data());
+      // The GEMM form reads G itself: a device keeps it for the sibling weights too (what the failed
+      // factorisation uploaded, when the backend kept it).
+      form_ = kernels::GramForm{stats->K, stats->rows, g32, f.upper};
+      if (!f.ok()) form_.gram = f.gram.buffer ? kernels::Tensor{g32.dtype, g32.shape, g32.data, f.gram.buffer}
+                                              : backend_.upload(g32);
     }
-    kernels::GramForm g{stats->K, stats->rows, g32_.data(), factor_.host.empty() ? nullptr : factor_.host.data(),
-                        factor_.resident};
-    g.gram_resident = gram_kept_;
-    return g;
+    return form_;
   }
 
  private:
@@ -68,8 +64,7 @@ class GramCache {
   bool cholesky_;
   std::string name_;
   std::vector<float> g32_;
-  kernels::GramFactor factor_;
-  std::shared_ptr<const kernels::Resident> gram_kept_;
+  kernels::GramForm form_;  // g32_ (with the backend's copy where it keeps one) and U
 };
 
 inline kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {

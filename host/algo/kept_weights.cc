@@ -23,30 +23,30 @@ void KeptWeights::reserve(kernels::Backend& backend, const Plan& plan) {
       total += b;
     }
   room_.reset();  // a room reserved before goes first
-  room_ = backend.reserve_kept(sizes);
+  room_ = backend.reserve(sizes);
 }
 
 kernels::WeightMatrix KeptWeights::get(kernels::Backend& backend, const PlannedWeight& pw, const void* data) {
   kernels::WeightMatrix w = view_of(pw, data);
   const auto it = kept_.find(pw.weight);
   if (it != kept_.end()) {
-    w.resident = it->second.copy;
+    w.buffer = it->second.copy;
     return w;
   }
   const uint64_t bytes = bytes_of(pw);
   if (room_) {  // held where it fits the room, else kept for the caller alone
-    kernels::WeightMatrix in = backend.keep_in(w, room_);
-    if (in.resident) {
-      kept_[pw.weight] = Held{in.resident, bytes};
+    kernels::WeightMatrix in = kernels::WeightMatrix::of(backend.upload_into(w.tensor(), room_), w.k_axis);
+    if (in.buffer) {
+      kept_[pw.weight] = Held{in.buffer, bytes};
       held_bytes_ += bytes;
       return in;
     }
-    return backend.keep(w);
+    return backend.upload_weight(w);
   }
-  w = backend.keep(w);
+  w = backend.upload_weight(w);
   // A backend that did not keep it is asked again next time.
-  if (w.resident && held_bytes_ + bytes <= backend.device_memory().budget / 4) {
-    kept_[pw.weight] = Held{w.resident, bytes};
+  if (w.buffer && held_bytes_ + bytes <= backend.device_memory().budget / 4) {
+    kept_[pw.weight] = Held{w.buffer, bytes};
     held_bytes_ += bytes;
   }
   return w;
@@ -56,7 +56,7 @@ kernels::WeightMatrix KeptWeights::take(const PlannedWeight& pw, const void* dat
   kernels::WeightMatrix w = view_of(pw, data);
   const auto it = kept_.find(pw.weight);
   if (it == kept_.end()) return w;
-  w.resident = std::move(it->second.copy);
+  w.buffer = std::move(it->second.copy);
   held_bytes_ -= it->second.bytes;
   kept_.erase(it);
   if (kept_.empty()) room_.reset();  // freed with the last piece: the quantizers' panels get its memory
@@ -65,7 +65,7 @@ kernels::WeightMatrix KeptWeights::take(const PlannedWeight& pw, const void* dat
 
 kernels::WeightMatrix keep_weight(kernels::Backend& backend, KeptWeights* kept, const PlannedWeight& pw,
                                   const void* data) {
-  return kept ? kept->get(backend, pw, data) : backend.keep(view_of(pw, data));
+  return kept ? kept->get(backend, pw, data) : backend.upload_weight(view_of(pw, data));
 }
 
 }  // namespace nibble

@@ -1,11 +1,11 @@
 // Weights a device backend keeps between the stages of one run (the AWQ search, the sensitivity
 // measure, the quantizer), so that each weight crosses the bus once: the first stage that reads a
-// weight keeps it (Backend::keep), later stages read that copy, and the quantizer takes it, after
-// which the device memory is freed as its last handle goes. On the CPU, keep() hands back the host
+// weight uploads it (Backend::upload), later stages read that copy, and the quantizer takes it, after
+// which the device memory is freed as its last handle goes. On the CPU, upload() hands back the host
 // view and nothing is held. What is held for the quantizer stays within a quarter of the device budget,
 // so that the weights searched later can still be kept for their own search (beyond it, a weight is kept
 // for its caller alone and goes up again for the quantizer). Held weights share one device allocation (a room
-// reserved for them when the search starts, Backend::reserve_kept), so that holding more of them allocates no
+// reserved for them when the search starts, Backend::reserve), so that holding more of them allocates no
 // more.
 #pragma once
 #include <map>
@@ -33,12 +33,12 @@ class KeptWeights {
 
  private:
   struct Held {
-    std::shared_ptr<const kernels::Resident> copy;
+    std::shared_ptr<const kernels::Buffer> copy;
     uint64_t bytes = 0;
   };
   std::map<std::string, Held> kept_;
   uint64_t held_bytes_ = 0;
-  std::shared_ptr<kernels::Resident> room_;  // where held weights go (null: each its own allocation)
+  std::shared_ptr<kernels::Buffer> room_;  // where held weights go (null: each its own allocation)
 };
 
 // `kept`'s copy of the weight when a holder is given, else one kept for the caller alone.

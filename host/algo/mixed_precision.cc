@@ -263,13 +263,12 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
   for (const auto& [act, idx] : plan.siblings) {
     const ActivationStats st = calib.stats(act, /*numpy_mean=*/false);  // K and rows: either mean
     const std::vector<float> g32 = calib.gram_f32(act);
-    kernels::GramForm g0;
-    g0.K = st.K;
-    g0.rows = st.rows;
-    g0.gram32 = g32.data();
     // On a device: G goes up once for the sibling weights, each weight once (for its two losses here, the
     // AWQ search before and the quantizer after, when `kept` holds it).
-    const kernels::GramForm g = backend.keep_gram(g0);
+    kernels::GramForm g;
+    g.K = st.K;
+    g.rows = st.rows;
+    g.gram = backend.upload(kernels::host_view(DType::kFloat32, {st.K, st.K}, g32.data()));
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));

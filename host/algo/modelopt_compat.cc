@@ -172,11 +172,8 @@ void TokenSampleClipSearch::search(OnnxModel& model, const Plan& plan,
   for (const auto& pw : plan.weights) {
     TensorView v = model.view(*model.initializer(pw.weight));
     kernels::WeightMatrix w{pw.dtype, v.data, pw.rows, pw.cols, pw.k_axis, {}};
-    std::vector<uint8_t> scaled;
-    if (per_node) {  // awq_full: W ⊙ s* of this node's own search, rounded to the weight dtype
-      scaled = backend_.scale_weight(w, per_node->at(pw.weight).scale.data());
-      w.data = scaled.data();
-    }
+    // awq_full: W ⊙ s* of this node's own search, rounded to the weight dtype (where the backend left it)
+    if (per_node) w = backend_.scale_weight(w, per_node->at(pw.weight).scale.data());
     kernels::QuantSpec spec;
     spec.bits = pw.bits;
     spec.block = pw.resolved_block();
@@ -203,10 +200,9 @@ void TokenSampleClipSearch::quantize(const PlannedWeight& pw, const kernels::Wei
 
 // ---- Quantizing
 
-kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::WeightMatrix& w, const float* s,
-                                   std::vector<uint8_t>& buffer) {
-  // On a device backend W ⊙ s stays there for the quantizer; the CPU computes it into `buffer`.
-  return backend.scale_weight_kept(w, s, buffer);
+kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::WeightMatrix& w, const float* s) {
+  // On a device backend W ⊙ s stays there for the quantizer.
+  return backend.scale_weight(w, s);
 }
 
 void quantize_awq_scaled(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,

@@ -73,8 +73,7 @@ class TokenSampleClipSearch : public ClipSearch {
 
 // Quirk: W ⊙ s is rounded to the weight's dtype (numpy's arithmetic) before it is quantized (on a device
 // backend it stays there for the quantizer).
-kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::WeightMatrix& w, const float* s,
-                                   std::vector<uint8_t>& buffer);
+kernels::WeightMatrix scale_weight(kernels::Backend& backend, const kernels::WeightMatrix& w, const float* s);
 
 // Quirk: an AWQ-scaled weight (awq_lite) is rounded to nearest, no clip; the sensitivity measure of
 // mixed precision measures that quantizer too (no clip ratios).

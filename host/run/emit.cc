@@ -27,8 +27,8 @@ void validate_result(const PlannedWeight& pw, const kernels::QuantResult& q) {
 }
 
 // What the backend quantizes: W, or for AWQ W ⊙ s (after dividing the columns by a consumer's 1/s
-// folded into this weight); `buffer` owns the prepared copy when it is on the host (a device backend
-// may keep W ⊙ s itself: then w.data is null and w.resident holds it).
+// folded into this weight, which `buffer` holds): W ⊙ s is where the backend left it (w.buffer; a device
+// backend keeps it, and w.data is then null).
 struct Prepared {
   kernels::WeightMatrix w;
   kernels::QuantSpec spec;
@@ -49,9 +49,9 @@ Prepared prepare(const QuantizeOptions& o, const PlannedWeight& pw, const kernel
   if (divisor) {
     p.buffer = backend.divide_columns(p.w, divisor->data());
     p.w.data = p.buffer.data();
-    p.w.resident.reset();  // the kept copy is W, not W with divided columns
+    p.w.buffer.reset();  // the kept copy is W, not W with divided columns
   }
-  p.w = scale_by_awq(o, pw, p.w, s->data(), backend, p.buffer, &p.spec);
+  p.w = scale_by_awq(o, pw, p.w, s->data(), backend, &p.spec);
   return p;
 }
 
@@ -238,7 +238,7 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
       read_as_stored(c.o, weights[i + 1], c.searched, c.scales, c.column_divisors)) {
     const PlannedWeight& nw = weights[i + 1];
     ahead.view = c.model.view(*c.model.initializer(nw.weight));
-    ahead.kept = c.backend.keep(kernels::WeightMatrix{nw.dtype, ahead.view->data, nw.rows, nw.cols, nw.k_axis, {}});
+    ahead.kept = c.backend.upload_weight(kernels::WeightMatrix{nw.dtype, ahead.view->data, nw.rows, nw.cols, nw.k_axis, {}});
   }
   const auto s = c.scales.find(pw.weight);
   j.scale = s == c.scales.end() ? nullptr : &s->second;
@@ -246,7 +246,7 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
   j.divisor = cd == c.column_divisors.end() ? nullptr : &cd->second;
   // The copy an earlier stage left on the device (taken: freed once this weight is quantized).
   j.p = prepare(c.o, pw, c.searched.kept.take(pw, j.view.data), j.scale, j.divisor, c.zero_point, c.backend);
-  if (j.kept.resident) j.p.w = j.kept;  // kept ahead (read_as_stored): the backend reads its own copy
+  if (j.kept.buffer) j.p.w = j.kept;  // kept ahead (read_as_stored): the backend reads its own copy
   // MatMulNBits: a device keeps the codes for the packing, which reads them there (only its output comes
   // back); not when the host needs them (the quantized layers fed forward, a replay's placeholder).
   j.p.spec.keep_on_backend =
@@ -311,7 +311,7 @@ void write(EmitContext& c, const PlannedWeight& pw, Job& j, Emitted& e, Progress
     spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",
                  pw.weight, pw.node_name);
   j.kept = {};  // the backend's copy goes before the pages it was read from
-  j.p.w.resident.reset();
+  j.p.w.buffer.reset();
   if (!pw.keep_float) c.model.release(j.view);
   const int64_t n = pw.rows * pw.cols;
   e.bytes_out += bytes;

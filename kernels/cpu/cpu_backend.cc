@@ -20,6 +20,13 @@
 namespace nibble::kernels {
 namespace {
 
+// A factor computed on the host (empty: not factorisable).
+GramFactor factor_of(std::vector<float>&& u, int64_t K) {
+  GramFactor f;
+  if (!u.empty()) f.upper = host_tensor(DType::kFloat32, {K, K}, std::move(u));
+  return f;
+}
+
 class CpuBackend final : public CpuCommon {
  public:
   std::string name() const override { return "cpu"; }
@@ -41,8 +48,8 @@ class CpuBackend final : public CpuCommon {
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     hqq_fast(w, spec, opt, out);
   }
-  std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
-    return kernels::gram_cholesky_upper(gram, K);
+  GramFactor gram_cholesky_upper(const double* gram, int64_t K) override {
+    return factor_of(kernels::gram_cholesky_upper(gram, K), K);
   }
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override {
     return weight_mean_fast(w, block, contiguous);
@@ -54,12 +61,12 @@ class CpuBackend final : public CpuCommon {
     std::vector<double> out;
     AwqLossWork work;  // one weight's buffers, reused by each candidate
     for (const float* s : scales)
-      out.push_back(awq_loss(w, w_kn, s, spec, g.gram32, g.rows, clip_ratios, g.upper, &work));
+      out.push_back(awq_loss(w, w_kn, s, spec, g.gram.f32(), g.rows, clip_ratios, g.upper.f32(), &work));
     return out;
   }
-  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
-    kernels::clip_quantize_gram(w, spec, gram, gram_block, inv_s, opt, out);
+    kernels::clip_quantize_gram(w, spec, gram.f64(), gram_block, inv_s, opt, out);
   }
   GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
                          bool act_order) override {
@@ -86,19 +93,19 @@ class ReferenceBackend final : public CpuCommon {
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     hqq_ref(w, spec, opt, out);
   }
-  std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override {
-    return gram_cholesky_upper_ref(gram, K);
+  GramFactor gram_cholesky_upper(const double* gram, int64_t K) override {
+    return factor_of(gram_cholesky_upper_ref(gram, K), K);
   }
   std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
                                  const QuantSpec& spec, const GramForm& g,
                                  const std::vector<float>* clip_ratios) override {
     std::vector<double> out;
-    for (const float* s : scales) out.push_back(awq_loss_ref(w, s, spec, g.gram32, g.rows, clip_ratios));
+    for (const float* s : scales) out.push_back(awq_loss_ref(w, s, spec, g.gram.f32(), g.rows, clip_ratios));
     return out;
   }
-  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
+  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram, int64_t gram_block,
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
-    clip_quantize_gram_ref(w, spec, gram, gram_block, inv_s, opt, out);
+    clip_quantize_gram_ref(w, spec, gram.f64(), gram_block, inv_s, opt, out);
   }
   GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
                          bool act_order) override {

@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_common.h"
 
+#include <stdexcept>
+
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/cpu/clip_ref.h"
 #include "kernels/cpu/dequant_ref.h"
@@ -10,11 +12,16 @@ namespace nibble::kernels {
 void CpuCommon::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) {
   rtn_quantize_ratios(w, spec, ratio_ng, out);
 }
-std::vector<uint8_t> CpuCommon::scale_weight(const WeightMatrix& w, const float* s) {
-  return kernels::scale_weight(w, s);
+std::vector<uint8_t> CpuCommon::download(const Tensor& t) {
+  if (!t.data) throw std::invalid_argument("download: a tensor with no host bytes on the CPU backend");
+  const auto* p = static_cast<const uint8_t*>(t.data);
+  return std::vector<uint8_t>(p, p + t.bytes());
 }
-std::vector<uint8_t> CpuCommon::scale_weight_f32(const WeightMatrix& w, const float* s) {
-  return kernels::scale_weight_f32(w, s);
+WeightMatrix CpuCommon::scale_weight(const WeightMatrix& w, const float* s) {
+  return WeightMatrix::of(host_tensor(w.dtype, {w.rows, w.cols}, kernels::scale_weight(w, s)), w.k_axis);
+}
+WeightMatrix CpuCommon::scale_weight_f32(const WeightMatrix& w, const float* s) {
+  return WeightMatrix::of(host_tensor(DType::kFloat32, {w.rows, w.cols}, kernels::scale_weight_f32(w, s)), w.k_axis);
 }
 std::vector<uint8_t> CpuCommon::divide_columns(const WeightMatrix& w, const float* d) {
   return kernels::divide_columns(w, d);

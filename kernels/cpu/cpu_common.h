@@ -8,9 +8,14 @@ namespace nibble::kernels {
 
 class CpuCommon : public Backend {
  public:
+  // A CPU tensor is host memory: nothing moves, nothing is held.
+  Tensor upload(const Tensor& t) override { return t; }
+  std::shared_ptr<Buffer> reserve(const std::vector<uint64_t>&) override { return {}; }
+  Tensor upload_into(const Tensor& t, const std::shared_ptr<Buffer>&) override { return t; }
+  std::vector<uint8_t> download(const Tensor& t) override;
   void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
-  std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
-  std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
+  WeightMatrix scale_weight(const WeightMatrix& w, const float* s) override;
+  WeightMatrix scale_weight_f32(const WeightMatrix& w, const float* s) override;
   std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
   std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override;

@@ -37,9 +37,10 @@ GptqFactor gptq_factor_fast(const double* gram, int64_t K, const float* inv_s, d
     dpotrf_(&lower, &n, a.data(), &n, &info);  // H⁻¹ = L2 L2ᵀ (column-major) = UᵀU, U = L2ᵀ
     if (info != 0) continue;
     // Column-major lower L2[i][j] at a[i + j K] is row-major U[j][i] at the same place.
-    f.upper.assign(size_t(K * K), 0.0f);
+    std::vector<float> u(size_t(K * K), 0.0f);
     for (int64_t r = 0; r < K; ++r)
-      for (int64_t c = r; c < K; ++c) f.upper[size_t(r * K + c)] = float(a[size_t(r * K + c)]);
+      for (int64_t c = r; c < K; ++c) u[size_t(r * K + c)] = float(a[size_t(r * K + c)]);
+    f.upper = host_tensor(DType::kFloat32, {K, K}, std::move(u));
     return f;
   }
   throw std::runtime_error("GPTQ: the Gram matrix (K = " + std::to_string(K) +
@@ -72,7 +73,7 @@ void fix_block(const Sweep& s, int64_t g, int64_t i, int64_t b0, int64_t b1, int
     for (int64_t c = 0; c < width; ++c) {
       float x = wc[size_t(j * width + c)];
       if (j >= b1)
-        for (int64_t r = b0; r < i; ++r) x -= s.f.upper[size_t(r * K + j)] * err[size_t((r - b0) * width + c)];
+        for (int64_t r = b0; r < i; ++r) x -= s.f.upper.f32()[size_t(r * K + j)] * err[size_t((r - b0) * width + c)];
       v[size_t(c * len + t)] = x;
     }
   }
@@ -89,7 +90,7 @@ double sweep_chunk(const Sweep& s, int64_t n0, int64_t width) {
   const int64_t K = s.f.K, bs = s.spec.block, G = num_blocks(K, bs), B = std::max<int64_t>(1, s.opt.lazy_block);
   const bool zp = s.spec.zero_point;
   const DType st = scale_type(s.spec, s.w.dtype);
-  const float* U = s.f.upper.data();
+  const float* U = s.f.upper.f32();
   std::vector<float> wc(size_t(K * width));  // rows in sweep order
   for (int64_t i = 0; i < K; ++i) {
     const int64_t k = s.f.perm[size_t(i)];
@@ -142,7 +143,7 @@ void gptq_quantize_fast(const WeightMatrix& w, const QuantSpec& spec, const Gptq
   use_single_threaded_blas();
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   if (f.K != K) throw std::invalid_argument("gptq_quantize: factor of K = " + std::to_string(f.K));
-  if (f.upper.size() != size_t(K * K)) throw std::invalid_argument("gptq_quantize: a factor without U on the host");
+  if (!f.upper.data || f.upper.elements() != K * K) throw std::invalid_argument("gptq_quantize: a factor without U on the host");
   out.groups = G;
   out.codes.assign(size_t(w.rows * w.cols), 0);
   out.scales.assign(size_t(G * N), 0.0f);

@@ -88,9 +88,10 @@ GptqFactor gptq_factor_ref(const double* gram, int64_t K, const float* inv_s, do
     std::vector<double> inv = inverse_from_lower(a, K);
     // H⁻¹ = L2 L2ᵀ = UᵀU with U = L2ᵀ.
     if (!cholesky_lower(inv, K)) continue;
-    f.upper.assign(size_t(K * K), 0.0f);
+    std::vector<float> u(size_t(K * K), 0.0f);
     for (int64_t i = 0; i < K; ++i)
-      for (int64_t j = i; j < K; ++j) f.upper[size_t(i * K + j)] = float(inv[size_t(j * K + i)]);
+      for (int64_t j = i; j < K; ++j) u[size_t(i * K + j)] = float(inv[size_t(j * K + i)]);
+    f.upper = host_tensor(DType::kFloat32, {K, K}, std::move(u));
     return f;
   }
   throw std::runtime_error("GPTQ: the Gram matrix (K = " + std::to_string(K) +
@@ -129,7 +130,7 @@ void gptq_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, const GptqF
                        QuantResult& out) {
   const int64_t K = w.K(), N = w.N(), bs = spec.block, G = num_blocks(K, bs);
   if (f.K != K) throw std::invalid_argument("gptq_quantize: factor of K = " + std::to_string(f.K));
-  if (f.upper.size() != size_t(K * K)) throw std::invalid_argument("gptq_quantize: a factor without U on the host");
+  if (!f.upper.data || f.upper.elements() != K * K) throw std::invalid_argument("gptq_quantize: a factor without U on the host");
   const bool zp = spec.zero_point;
   const DType st = scale_type(spec, w.dtype);
   out.groups = G;
@@ -159,7 +160,8 @@ void gptq_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, const GptqF
       }
       fixed[size_t(g)] = 1;
     }
-    const double d = double(f.upper[size_t(i * K + i)]);
+    const float* U = f.upper.f32();
+    const double d = double(U[size_t(i * K + i)]);
     for (int64_t n = 0; n < N; ++n) {
       const BlockParams& p = params[size_t(g * N + n)];
       const double x = wp[size_t(i * N + n)];
@@ -169,7 +171,7 @@ void gptq_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, const GptqF
       const double e = double(load_float(w.dtype, w.data, w.index(k, n))) - deq;
       out.sq_error += e * e;
       const double err = (x - deq) / d;
-      for (int64_t j = i + 1; j < K; ++j) wp[size_t(j * N + n)] -= double(f.upper[size_t(i * K + j)]) * err;
+      for (int64_t j = i + 1; j < K; ++j) wp[size_t(j * N + n)] -= double(U[size_t(i * K + j)]) * err;
     }
   }
 }

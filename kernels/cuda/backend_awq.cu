@@ -48,16 +48,16 @@ DeviceBuffer<float> CudaBackend::awq_diff(const Panel& p, const QuantSpec& spec,
 // (ColumnDotBlocks). D is [K, width] row-major, which column-major is X = Dᵀ (width x K); G (or U)
 // row-major read column-major is its transpose, so G D = (X Gᵀ)ᵀ and U D = (X Uᵀ)ᵀ, Uᵀ lower triangular.
 // Y = X Gᵀ comes out column-major width x K: row-major [K, width], as D.
-void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t gram_rows,
+void CudaBackend::gram_columns(const GramForm& g, const float* on_device, int64_t gram_rows,
                                const DeviceBuffer<float>& d, int64_t width, int64_t tile, double* acc) {
   const int64_t K = g.K, blocks = column_dot_blocks(width);
   const int m = int(width), k = int(K);
   DeviceBuffer<float> y(*dev_, size_t(width * gram_rows));
-  if (g.has_upper() && resident && gram_rows == K) {
+  if (g.has_upper() && on_device && gram_rows == K) {
     // The CPU's products: one per tile of triangular_loss_chunk(N) columns (the panel starts on a tile).
     for (int64_t c0 = 0; c0 < width; c0 += tile) {
       const int nc = int(std::min(tile, width - c0));
-      la().strmm(Side::kRight, Fill::kLower, Op::kN, nc, k, 1.0f, resident, k, d.get() + c0, m, y.get() + c0, m);
+      la().strmm(Side::kRight, Fill::kLower, Op::kN, nc, k, 1.0f, on_device, k, d.get() + c0, m, y.get() + c0, m);
     }
     launch_blocks(*dev_, blocks, ColumnDotBlocks{y.get(), y.get(), K, width, 0, nullptr, true, true, acc});
     dev_->synchronize();
@@ -66,13 +66,13 @@ void CudaBackend::gram_columns(const GramForm& g, const float* resident, int64_t
   // Each column's slice sums carry from one row panel to the next: the same sum whatever the panels.
   DeviceBuffer<double> partial;
   if (gram_rows < K) partial = DeviceBuffer<double>(*dev_, size_t(kColumnSlices * width));
-  const float* src = g.upper ? g.upper : g.gram32;
+  const float* src = (g.has_upper() ? g.upper : g.gram).f32();
   for (int64_t r0 = 0; r0 < K; r0 += gram_rows) {
     const int64_t nr = std::min(gram_rows, K - r0);
     const bool first = r0 == 0, last = r0 + nr == K;
     DeviceBuffer<float> panel;
-    const float* rows = resident ? resident + r0 * K : nullptr;
-    if (!resident) {  // rows r0 .. r0 + nr of G (or U), contiguous on the host
+    const float* rows = on_device ? on_device + r0 * K : nullptr;
+    if (!on_device) {  // rows r0 .. r0 + nr of G (or U), contiguous on the host
       panel = upload(src + r0 * K, size_t(nr * K));
       rows = panel.get();
     }
@@ -100,38 +100,36 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   // Per scale: scaling, RTN and the difference (~16 flops an element), then ‖U D‖² (K² N multiply-adds
   // over the triangle) or Σ D ⊙ (G D) (2 K² N).
   dev_->count_flops(double(scales.size()) * double(K * N) * (16.0 + (g.has_upper() ? double(K) : 2.0 * double(K))));
-  if (g.K != K || !g.gram32) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
+  if (g.K != K || !g.gram.data) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
   // Per panel column: weight, W ⊙ s, codes, D and one row of Y per Gram row, params and errors, the
   // slice sums carried between Gram row panels.
   const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8 + kColumnSlices * 8;
   const uint64_t fixed = uint64_t(K) * 12 + 4096;
   const uint64_t gram_bytes = uint64_t(K) * uint64_t(K) * 4;
   DeviceBuffer<float> uploaded;
-  // U kept on the device by gram_cholesky_kept, or G by keep_gram: read in place, shared by the sibling
-  // weights (G only in the GEMM form, when no factor is given).
-  const float* resident = reinterpret_cast<const float*>(kept(g.upper_resident));
-  if (g.upper_resident && !resident) throw std::invalid_argument("awq_losses: another backend's Cholesky factor");
-  if (!g.has_upper() && g.gram_resident) {
-    resident = reinterpret_cast<const float*>(kept(g.gram_resident));
-    if (!resident) throw std::invalid_argument("awq_losses: another backend's Gram matrix");
-  }
+  // U left on the device by gram_cholesky_upper, or G uploaded: read in place, shared by the sibling
+  // weights (G only in the GEMM form, when no factor is given). Else the host's copy goes up.
+  const Tensor& form = g.has_upper() ? g.upper : g.gram;
+  const float* on_device = reinterpret_cast<const float*>(kept(form.buffer));
+  if (!on_device && !form.data)
+    throw std::invalid_argument("awq_losses: a Gram matrix or factor held by another backend");
   // The Gram diagonal (clip weights): one element per row, from the device's G when it is there.
   DeviceBuffer<float> diag(*dev_, size_t(K));
-  if (!g.has_upper() && resident)
-    dev_->on_device_2d(diag.get(), 4, resident, size_t(K + 1) * 4, 4, size_t(K));
+  if (!g.has_upper() && on_device)
+    dev_->on_device_2d(diag.get(), 4, on_device, size_t(K + 1) * 4, 4, size_t(K));
   else
-    dev_->to_device_2d(diag.get(), 4, g.gram32, size_t(K + 1) * 4, 4, size_t(K));
+    dev_->to_device_2d(diag.get(), 4, g.gram.f32(), size_t(K + 1) * 4, 4, size_t(K));
   int64_t gram_rows = K, width = 0;
   // The products' column tiles (part of the loss's definition): panels start on them where they can.
   const int64_t tile = g.has_upper() ? triangular_loss_chunk(N) : kGramLossColumns;
   const auto on_tiles = [&](int64_t wd) { return wd < N && wd > tile ? wd - wd % tile : wd; };
   const int64_t want = std::min<int64_t>(N, 64);
   const uint64_t in_use = dev_->in_use_live(), budget = dev_->budget();
-  if (resident) {
+  if (on_device) {
     width = on_tiles(panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses"));
   } else if (in_use + fixed + gram_bytes + uint64_t(want) * (per_col + uint64_t(K) * 4) < budget) {
-    uploaded = upload(g.upper ? g.upper : g.gram32, size_t(K * K));
-    resident = uploaded.get();
+    uploaded = upload(form.f32(), size_t(K * K));
+    on_device = uploaded.get();
     width = on_tiles(panel_width(fixed, per_col + uint64_t(K) * 4, N, "awq_losses"));
   } else {  // the Gram matrix streams in row panels beside `want` columns
     width = panel_width(fixed, per_col * 2, want, "awq_losses");
@@ -150,7 +148,7 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
     const Panel p = upload_panel(w, n0, std::min(width, N - n0));
     for (int64_t si = 0; si < S; ++si) {
       const DeviceBuffer<float> d = awq_diff(p, spec, s_all.get() + si * K, diag.get(), clip);
-      gram_columns(g, resident, gram_rows, d, p.width, tile, acc.get() + si * N + n0);
+      gram_columns(g, on_device, gram_rows, d, p.width, tile, acc.get() + si * N + n0);
     }
   }
   launch(*dev_, S, RowSumBody{acc.get(), N, sums.get()});

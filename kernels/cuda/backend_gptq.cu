@@ -1,7 +1,7 @@
 // The CUDA backend's GPTQ, the CPU fast kernel's algorithm (kernels/cpu/gptq_fast.cc) on the device:
 //  - gptq_factor: the float64 Gram matrix goes up once (in row panels, scattered into H in sweep order
 //    with its scaling, dead channels and dampening), dpotrf → dpotri → dpotrf through LinAlg, and U
-//    stays on the device with the sweep's channel vectors (GptqFactor::upper_resident), for every weight
+//    stays on the device with the sweep's channel vectors (GptqFactor::upper's buffer), for every weight
 //    reading that activation. The O(K) bookkeeping (order, energies, dampening) is the host's, shared
 //    with the CPU (kernels/gptq_channels.h).
 //  - gptq_quantize: per column panel (whole 128-column chunks, the CPU's), the working weight in sweep
@@ -76,17 +76,17 @@ struct CudaBackend::GptqArrays {
 
 CudaBackend::GptqArrays CudaBackend::gptq_arrays(const GptqFactor& f) {
   const int64_t K = f.K;
-  const uint8_t* base = kept(f.upper_resident);
+  const uint8_t* base = kept(f.upper.buffer);
   const FactorLayout L(K, base ? Placement::kMadeHere : Placement::kUploaded);
   GptqArrays a;
   if (!base) {  // a host factor (a host fallback's): U and the vectors go up once for this weight
-    if (f.upper.size() != size_t(K * K)) throw std::invalid_argument("gptq_quantize: a factor without U");
+    if (!f.upper.data || f.upper.elements() != K * K) throw std::invalid_argument("gptq_quantize: a factor without U");
     const std::vector<int64_t> pos = gptq_positions(f);
     a.owned = DeviceBuffer<uint8_t>(*dev_, L.bytes);
     uint8_t* d = a.owned.get();
     dev_->to_device(d + L.perm, f.perm.data(), size_t(K) * 8);
     dev_->to_device(d + L.pos, pos.data(), size_t(K) * 8);
-    dev_->to_device(d + L.upper, f.upper.data(), size_t(K * K) * 4);
+    dev_->to_device(d + L.upper, f.upper.data, size_t(K * K) * 4);
     dev_->to_device(d + L.energy, f.energy.data(), size_t(K) * 4);
     dev_->to_device(d + L.dead, f.dead.data(), size_t(K));
     base = d;
@@ -136,7 +136,8 @@ GptqFactor CudaBackend::gptq_factor(const double* gram, int64_t K, const float* 
   dev_->to_device(d + L.pos, pos.data(), size_t(K) * 8);
   dev_->to_device(d + L.energy, f.energy.data(), size_t(K) * 4);
   dev_->to_device(d + L.dead, f.dead.data(), size_t(K));
-  f.upper_resident = kept_f;
+  kept_f->offset = L.upper;  // the tensor is U, among the sweep's vectors
+  f.upper = Tensor{DType::kFloat32, {K, K}, nullptr, kept_f};
   const GptqArrays arr = gptq_arrays(f);
   const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();
   double* a = reinterpret_cast<double*>(d);  // H, then H⁻¹'s factor, then (narrowed) U
@@ -180,7 +181,7 @@ void CudaBackend::gptq_panel(const GptqSweep& sw, const WeightMatrix& w, const P
                              double* chunk_error) {
   const int64_t K = sw.K, B = sw.B, wd = pnl.width, n0 = pnl.n0;
   WeightView src = pnl.view;
-  if (const uint8_t* d = kept(w.resident)) {  // read in place: the panel's columns of the kept weight
+  if (const uint8_t* d = kept(w.buffer)) {  // read in place: the panel's columns of the kept weight
     const size_t esz = dtype_size(w.dtype);
     src = w.k_axis == 0 ? WeightView{d + size_t(n0) * esz, int(w.dtype), K, w.N(), 0}
                         : WeightView{d + size_t(n0 * K) * esz, int(w.dtype), wd, K, 1};
@@ -220,7 +221,7 @@ int64_t CudaBackend::gptq_width(const WeightMatrix& w, const QuantSpec& spec, co
                                 uint64_t fixed) const {
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   const uint64_t per_col = uint64_t(K) * (4 + 1) + uint64_t(K + 1) / 2 + uint64_t(G) * (4 + 2 + 1) +
-                           uint64_t(sw.B) * 12 + (kept(w.resident) ? 0 : uint64_t(K) * dtype_size(w.dtype)) +
+                           uint64_t(sw.B) * 12 + (kept(w.buffer) ? 0 : uint64_t(K) * dtype_size(w.dtype)) +
                            (sw.mid_batch_fix ? uint64_t(std::min(spec.block, K)) * 4 : 0);
   const uint64_t used = dev_->in_use_live() + fixed + kSlack;
   const int64_t fit = dev_->budget() > used ? int64_t((dev_->budget() - used) / per_col) : 0;
@@ -233,7 +234,7 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
   check_spec(spec);
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   if (f.K != K) throw std::invalid_argument("gptq_quantize: factor of K = " + std::to_string(f.K));
-  if (!w.data && !kept(w.resident)) throw std::invalid_argument("gptq_quantize: a weight with no data here");
+  if (!w.data && !kept(w.buffer)) throw std::invalid_argument("gptq_quantize: a weight with no data here");
   GptqSweep sw;
   sw.K = K;
   sw.B = std::max<int64_t>(1, opt.lazy_block);
@@ -250,7 +251,7 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
     fix[size_t(i)] = int32_t(g);
     sw.mid_batch_fix = sw.mid_batch_fix || i % sw.B != 0;
   }
-  const uint64_t fixed = (kept(f.upper_resident) ? 0 : FactorLayout(K, Placement::kUploaded).bytes) + uint64_t(K) * 4 +
+  const uint64_t fixed = (kept(f.upper.buffer) ? 0 : FactorLayout(K, Placement::kUploaded).bytes) + uint64_t(K) * 4 +
                          uint64_t(sw.R) * 4 + uint64_t(num_blocks(N, kChunk) + 1) * 8;
   // MatMulNBits: the result stays on the device for the packings (allocated first, the panels beside it)
   // where one chunk of the sweep still fits beside it; else it comes back as ever.
@@ -296,7 +297,7 @@ void CudaBackend::gptq_panels(const WeightMatrix& w, const QuantSpec& spec, cons
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     const int64_t wd = std::min(width, N - n0);
     Panel pnl;
-    if (kept(w.resident)) {
+    if (kept(w.buffer)) {
       pnl.n0 = n0;
       pnl.width = wd;
     } else {
@@ -320,11 +321,11 @@ void CudaBackend::gptq_panels(const WeightMatrix& w, const QuantSpec& spec, cons
 
 GptqFactor CudaBackend::gptq_host_factor(const GptqFactor& f) {
   GptqFactor h = f;
-  if (const uint8_t* d = kept(f.upper_resident)) {
-    h.upper.resize(size_t(f.K * f.K));
+  if (const uint8_t* d = kept(f.upper.buffer)) {  // counted under the operation that needs it on the host
+    std::vector<float> u(size_t(f.K * f.K));
     dev_->synchronize();
-    dev_->to_host(h.upper.data(), d + FactorLayout(f.K, Placement::kMadeHere).upper, h.upper.size() * 4);
-    h.upper_resident.reset();
+    dev_->to_host(u.data(), d + mine(f.upper.buffer)->offset, u.size() * 4);
+    h.upper = host_tensor(DType::kFloat32, {f.K, f.K}, std::move(u));
   }
   return h;
 }

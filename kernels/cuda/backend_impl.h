@@ -29,9 +29,7 @@ struct Panel {
   WeightView view{};
 };
 
-// An array the backend keeps on the device for the host (Backend::keep, the *_kept operations): a
-// whole weight in its stored layout, or a K x K factor.
-// A piece of a room (Backend::reserve_kept), given back to it when this goes.
+// A piece of a room (Backend::reserve), given back to it when this goes.
 struct RoomPiece {
   std::shared_ptr<DeviceArena> room;
   uint8_t* p = nullptr;
@@ -42,24 +40,27 @@ struct RoomPiece {
   RoomPiece& operator=(const RoomPiece&) = delete;
 };
 
-// A room itself, as the host holds it.
-struct DeviceRoom final : Resident {
+// A room itself, as the host holds it (a tensor's Buffer).
+struct DeviceRoom final : Buffer {
   const void* owner = nullptr;
   std::shared_ptr<DeviceArena> arena;
 };
 
-struct DeviceArray final : Resident {
+// A tensor's device buffer (Backend::upload, an operation's result left on the device): a whole weight in
+// its stored layout, a K x K factor, a Gram matrix or its blocks.
+struct DeviceArray final : Buffer {
   const void* owner = nullptr;  // the backend that made it: another backend's handle is not read
   DeviceBuffer<uint8_t> data;
   std::unique_ptr<RoomPiece> piece;  // instead of `data`: a piece of a room
-  // Its upload when keep() enqueued one (declared after `data`: awaited before the memory is released).
+  size_t offset = 0;  // where the tensor's bytes start (a GPTQ factor's U among its vectors)
+  // Its upload when upload() enqueued one (declared after `data`: awaited before the memory is released).
   mutable Prefetch upload;
   uint8_t* ptr() const { return piece ? piece->p : data.get(); }
 };
 
 // A quantization result kept on the device for the MatMulNBits packings (QuantSpec::keep_on_backend):
 // the whole weight's codes (one a byte), float32 scales and integer zero points, laid out as QuantResult's.
-struct DeviceResult final : Resident {
+struct DeviceResult final : Buffer {
   const void* owner = nullptr;
   DeviceBuffer<uint8_t> codes, zero_points;
   DeviceBuffer<float> scales;
@@ -96,51 +97,10 @@ class CudaBackend final : public Backend {
   DeviceMemoryUse device_memory() const override { return {dev_->budget(), dev_->peak()}; }
   const TransferLedger* transfer_ledger() const override { return &dev_->ledger(); }
 
-  WeightMatrix keep(const WeightMatrix& w) override;
-  std::shared_ptr<Resident> reserve_kept(const std::vector<uint64_t>& bytes) override;
-  WeightMatrix keep_in(const WeightMatrix& w, const std::shared_ptr<Resident>& room) override;
-  WeightMatrix scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
-  WeightMatrix scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) override;
-  GramFactor gram_cholesky_kept(const double* gram, int64_t K) override;
-  GramForm keep_gram(const GramForm& g) override;
-  std::shared_ptr<const Resident> keep_gram_blocks(const double* blocks, int64_t K, int64_t B) override;
-
-  void rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) override;
-  void rtn_weighted(const WeightMatrix& w, const QuantSpec& spec, const float* channel_weight,
-                    const std::vector<float>& ratios, QuantResult& out) override;
-  void rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const float* ratio_ng, QuantResult& out) override;
-  void rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt, QuantResult& out) override;
-  void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override;
-  std::vector<uint8_t> scale_weight(const WeightMatrix& w, const float* s) override;
-  std::vector<uint8_t> scale_weight_f32(const WeightMatrix& w, const float* s) override;
-  std::vector<uint8_t> divide_columns(const WeightMatrix& w, const float* d) override;
-  std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override;
-  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp, bool act_order) override;
-  void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
-                     QuantResult& out) override;
-  std::vector<float> awq_weight_mean_joint(const std::vector<WeightMatrix>& siblings, int64_t block) override;
-  std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
-                               double alpha) override {
-    return on_host("awq_scale", [&](Backend& h) { return h.awq_scale(x_mean, w_mean, alpha); });
-  }
-  std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) override;
-  std::vector<float> gram_cholesky_upper(const double* gram, int64_t K) override;
-  std::vector<float> channel_energy(const double* gram, int64_t K, const float* s) override;
-  std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
-                                 const QuantSpec& spec, const GramForm& gram,
-                                 const std::vector<float>* clip_ratios) override;
-  std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
-                                          const std::vector<double>& ratios, int64_t bsz_col) override;
-  void clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram, int64_t gram_block,
-                          const float* inv_s, const GramClipOptions& opt, QuantResult& out) override;
-  std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;
-  std::vector<uint8_t> dequantize(const WeightMatrix& shape, const QuantSpec& spec, const QuantResult& q,
-                                  DType out) override;
-  std::vector<uint8_t> pack_matmulnbits_weight(const WeightMatrix& shape, const QuantSpec& spec,
-                                               const QuantResult& q, int64_t layout_block) override;
-  std::vector<float> matmulnbits_scales(const WeightMatrix& shape, const QuantResult& q) override;
-  std::vector<uint8_t> pack_matmulnbits_zero_points(const WeightMatrix& shape, const QuantSpec& spec,
-                                                    const QuantResult& q) override;
+  // Every operation of the table (backend_ops.inc); awq_scale runs on the host (see above).
+#define NIBBLE_BACKEND_OP(name, result, params) result name params override;
+#include "kernels/backend_ops.inc"
+#undef NIBBLE_BACKEND_OP
 
  private:
   // The linear-algebra layer; every call is one launch (a cuBLAS/cuSOLVER kernel sequence) in the ledger.
@@ -148,10 +108,12 @@ class CudaBackend final : public Backend {
     dev_->count_launch();
     return *la_;
   }
+  // A float32 [rows, cols] result left on the device as a tensor.
+  Tensor device_tensor(DeviceBuffer<float>&& b, int64_t rows, int64_t cols);
   // The device copy of an array this backend kept (null: none, or another backend's); the compute stream
   // waits for its upload when one is still in flight.
-  const uint8_t* kept(const std::shared_ptr<const Resident>& r) const;
-  const DeviceArray* mine(const std::shared_ptr<const Resident>& r) const;
+  const uint8_t* kept(const std::shared_ptr<const Buffer>& r) const;
+  const DeviceArray* mine(const std::shared_ptr<const Buffer>& r) const;
   // A weight's bytes on the device: its kept copy, or uploaded into `tmp`.
   const uint8_t* weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp);
   // n float64 values from the host to `dst` on the device. A chunk whose every value float32 holds
@@ -200,15 +162,15 @@ class CudaBackend final : public Backend {
   template <class T>
   std::vector<T> download(const DeviceBuffer<T>& b);
   std::vector<uint8_t> elementwise(const WeightMatrix& w, const float* v, size_t v_len, int mode);
-  // W ⊙ s as `out_t` into device memory that the returned matrix holds (data null); null resident when it
-  // does not fit beside what is held.
+  // W ⊙ s as `out_t` into device memory that the returned matrix holds (data null); no buffer when it does
+  // not fit beside what is held.
   WeightMatrix scale_on_device(const WeightMatrix& w, const float* s, DType out_t, const char* op_name);
   // AWQ loss pieces (backend_awq.cu): D = W - Ŵ/s of one panel for one scale vector (on the device), and the
   // per-column sums of D ⊙ (G D) or (U D)² over Gram row panels of `gram_rows` rows, the products in
   // column tiles `tile` wide where the Gram matrix or factor is whole (the CPU backend's products).
   DeviceBuffer<float> awq_diff(const Panel& p, const QuantSpec& spec, const float* s, const float* diag,
                                const std::vector<float>* clip);
-  void gram_columns(const GramForm& g, const float* resident, int64_t gram_rows, const DeviceBuffer<float>& d,
+  void gram_columns(const GramForm& g, const float* on_device, int64_t gram_rows, const DeviceBuffer<float>& d,
                     int64_t width, int64_t tile, double* acc);
 
   // GPTQ (backend_gptq.cu): a factor's arrays on the device, H of one dampening from the host's Gram

@@ -1,10 +1,12 @@
-// Arrays the CUDA backend keeps on the device for the host (tensors that live on the backend, as
-// ggml-backend's do): a weight uploaded once and read in place by every operation given it, W ⊙ s
-// computed and left on the device for the quantizer that follows, and a Gram matrix's Cholesky factor
-// shared by the sibling weights that read one activation. Each falls back to the host form when it
-// does not fit the device memory budget.
+// The CUDA backend's tensors (tensor.h; ggml-backend's tensors in a backend buffer): a weight uploaded
+// once and read in place by every operation given it, W ⊙ s computed and left on the device for the
+// quantizer that follows, a Gram matrix (or its blocks) and its Cholesky factor shared by the sibling
+// weights that read one activation. Each falls back to the host form when it does not fit the device
+// memory budget.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 
 #include "kernels/cuda/awq_kernels.h"
 #include "kernels/cuda/backend_impl.h"
@@ -18,12 +20,12 @@ constexpr size_t kWidenChunk = size_t(1) << 20;  // values per float32 chunk of 
 
 }  // namespace
 
-const DeviceArray* CudaBackend::mine(const std::shared_ptr<const Resident>& r) const {
+const DeviceArray* CudaBackend::mine(const std::shared_ptr<const Buffer>& r) const {
   const auto* a = dynamic_cast<const DeviceArray*>(r.get());
   return a && a->owner == this ? a : nullptr;
 }
 
-const uint8_t* CudaBackend::kept(const std::shared_ptr<const Resident>& r) const {
+const uint8_t* CudaBackend::kept(const std::shared_ptr<const Buffer>& r) const {
   const DeviceArray* a = mine(r);
   if (!a) return nullptr;
   a->upload.await();  // a weight kept ahead: the compute stream waits for its upload
@@ -31,14 +33,14 @@ const uint8_t* CudaBackend::kept(const std::shared_ptr<const Resident>& r) const
 }
 
 const uint8_t* CudaBackend::weight_on_device(const WeightMatrix& w, DeviceBuffer<uint8_t>& tmp) {
-  if (const uint8_t* d = kept(w.resident)) return d;
+  if (const uint8_t* d = kept(w.buffer)) return d;
   tmp = upload(static_cast<const uint8_t*>(w.data), size_t(w.rows * w.cols) * dtype_size(w.dtype));
   return tmp.get();
 }
 
 WeightMatrix CudaBackend::host_weight(const WeightMatrix& w, std::vector<uint8_t>& buf) {
   if (w.data) return w;
-  const uint8_t* d = kept(w.resident);
+  const uint8_t* d = kept(w.buffer);
   if (!d) throw std::invalid_argument("a weight with neither host data nor this backend's device copy");
   buf.resize(size_t(w.rows * w.cols) * dtype_size(w.dtype));
   dev_->synchronize();
@@ -48,25 +50,29 @@ WeightMatrix CudaBackend::host_weight(const WeightMatrix& w, std::vector<uint8_t
   return h;
 }
 
-WeightMatrix CudaBackend::keep(const WeightMatrix& w) {
-  const OpScope op(*dev_, "keep");
-  if (mine(w.resident) || !w.data) return w;
-  const uint64_t bytes = uint64_t(w.rows * w.cols) * dtype_size(w.dtype);
-  // Half the budget at most, with what is kept already (a weight kept ahead beside the one computing):
-  // the operations on it still need their panels beside it.
-  if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / 2) return w;
+Tensor CudaBackend::upload(const Tensor& t) {
+  const OpScope op(*dev_, "upload");
+  if (mine(t.buffer) || !t.data) return t;
+  const uint64_t bytes = t.bytes();
+  const bool f64 = t.dtype == DType::kFloat64;
+  // Half the budget at most, with what is held (a weight kept ahead beside the one computing): the
+  // operations on it still need their panels beside it. A float64 tensor (a Gram matrix's blocks) a
+  // quarter: the clip search's panels need the rest (else each weight uploads them).
+  if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / (f64 ? 4 : 2)) return t;
   auto a = std::make_shared<DeviceArray>();
   a->owner = this;
   a->data = DeviceBuffer<uint8_t>(*dev_, size_t(bytes));
-  // Enqueued on the prefetch stream; the first operation that reads it waits (kept()).
-  a->upload = dev_->prefetch(a->data.get(), w.data, size_t(bytes));
-  WeightMatrix out = w;
-  out.resident = std::move(a);
+  if (f64)
+    upload_f64(reinterpret_cast<double*>(a->data.get()), t.f64(), size_t(t.elements()));
+  else  // enqueued on the prefetch stream; the first operation that reads it waits (kept())
+    a->upload = dev_->prefetch(a->data.get(), t.data, size_t(bytes));
+  Tensor out = t;
+  out.buffer = std::move(a);
   return out;
 }
 
-std::shared_ptr<Resident> CudaBackend::reserve_kept(const std::vector<uint64_t>& bytes) {
-  const OpScope op(*dev_, "reserve_kept");
+std::shared_ptr<Buffer> CudaBackend::reserve(const std::vector<uint64_t>& bytes) {
+  const OpScope op(*dev_, "reserve");
   uint64_t total = 0;
   for (uint64_t b : bytes) total += DeviceLayer::counted(size_t(b));
   if (total == 0 || dev_->in_use_live() + total + kSlack > dev_->budget()) return {};
@@ -76,51 +82,49 @@ std::shared_ptr<Resident> CudaBackend::reserve_kept(const std::vector<uint64_t>&
   return r;
 }
 
-WeightMatrix CudaBackend::keep_in(const WeightMatrix& w, const std::shared_ptr<Resident>& room) {
+Tensor CudaBackend::upload_into(const Tensor& t, const std::shared_ptr<Buffer>& room) {
   auto* r = dynamic_cast<DeviceRoom*>(room.get());
-  if (!r || r->owner != this) return keep(w);
-  const OpScope op(*dev_, "keep");
-  if (mine(w.resident) || !w.data) return w;
-  const size_t bytes = size_t(w.rows * w.cols) * dtype_size(w.dtype);
+  if (!r || r->owner != this) return upload(t);
+  const OpScope op(*dev_, "upload");
+  if (mine(t.buffer) || !t.data) return t;
+  const size_t bytes = t.bytes();
   auto* p = static_cast<uint8_t*>(r->arena->take(bytes));
-  if (!p) return w;  // the room is full: the caller decides
+  if (!p) return t;  // the room is full: the caller decides
   auto a = std::make_shared<DeviceArray>();
   a->owner = this;
   a->piece = std::make_unique<RoomPiece>(r->arena, p, bytes);
-  a->upload = dev_->prefetch(p, w.data, bytes);  // as keep(): the first operation that reads it waits
-  WeightMatrix out = w;
-  out.resident = std::move(a);
+  a->upload = dev_->prefetch(p, t.data, bytes);  // as upload(): the first operation that reads it waits
+  Tensor out = t;
+  out.buffer = std::move(a);
   return out;
 }
 
-GramForm CudaBackend::keep_gram(const GramForm& g) {
-  if (mine(g.gram_resident) || !g.gram32) return g;
-  const OpScope op(*dev_, "keep_gram");
-  const uint64_t bytes = uint64_t(g.K) * uint64_t(g.K) * 4;
-  if (dev_->in_use_live() + bytes + kSlack > dev_->budget() / 2) return g;  // streams in row panels per loss
-  auto a = std::make_shared<DeviceArray>();
-  a->owner = this;
-  a->data = upload(reinterpret_cast<const uint8_t*>(g.gram32), size_t(bytes));
-  GramForm out = g;
-  out.gram_resident = std::move(a);
+// The device's copy where this backend holds one (what it computed or was given), else the host bytes.
+std::vector<uint8_t> CudaBackend::download(const Tensor& t) {
+  const OpScope op(*dev_, "download");
+  std::vector<uint8_t> out(t.bytes());
+  if (const uint8_t* d = kept(t.buffer)) {
+    dev_->synchronize();
+    dev_->to_host(out.data(), d + mine(t.buffer)->offset, out.size());
+    return out;
+  }
+  if (!t.data) throw std::invalid_argument("download: a tensor with neither host bytes nor this backend's buffer");
+  std::memcpy(out.data(), t.data, out.size());
   return out;
 }
 
-std::shared_ptr<const Resident> CudaBackend::keep_gram_blocks(const double* blocks, int64_t K, int64_t B) {
-  const OpScope op(*dev_, "keep_gram_blocks");
-  const uint64_t n = uint64_t(num_blocks(K, B)) * uint64_t(B) * uint64_t(B);
-  // A quarter of the budget at most: the clip search's panels need the rest (else each weight uploads them).
-  if (dev_->in_use_live() + n * 8 + kSlack > dev_->budget() / 4) return {};
+Tensor CudaBackend::device_tensor(DeviceBuffer<float>&& b, int64_t rows, int64_t cols) {
   auto a = std::make_shared<DeviceArray>();
   a->owner = this;
-  a->data = DeviceBuffer<uint8_t>(*dev_, size_t(n) * 8);
-  upload_f64(reinterpret_cast<double*>(a->data.get()), blocks, size_t(n));
-  return a;
+  a->data = DeviceBuffer<uint8_t>::adopt(std::move(b));  // keeps the allocation's size for its release
+  Tensor t{DType::kFloat32, {rows, cols}, nullptr, {}};
+  t.buffer = std::move(a);
+  return t;
 }
 
 WeightMatrix CudaBackend::scale_on_device(const WeightMatrix& w, const float* s, DType out_t, const char* op_name) {
   const int64_t n = w.rows * w.cols;
-  const uint64_t in_bytes = mine(w.resident) ? 0 : uint64_t(n) * dtype_size(w.dtype);
+  const uint64_t in_bytes = mine(w.buffer) ? 0 : uint64_t(n) * dtype_size(w.dtype);
   // Beside what is held (the weights a whole-model search keeps for the quantizer, up to half the budget), with
   // a quarter of the budget left for the quantizer's panels.
   if (dev_->in_use_live() + in_bytes + uint64_t(n) * dtype_size(out_t) + uint64_t(w.K()) * 4 + kSlack >
@@ -138,19 +142,8 @@ WeightMatrix CudaBackend::scale_on_device(const WeightMatrix& w, const float* s,
   WeightMatrix out = w;
   out.dtype = out_t;
   out.data = nullptr;  // only the device holds it
-  out.resident = std::move(a);
+  out.buffer = std::move(a);
   return out;
-}
-
-WeightMatrix CudaBackend::scale_weight_f32_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
-  WeightMatrix out = scale_on_device(w, s, DType::kFloat32, "scale_weight_f32");
-  // Too big beside what is held: streams in row panels through the host.
-  return out.resident ? out : Backend::scale_weight_f32_kept(w, s, host);
-}
-
-WeightMatrix CudaBackend::scale_weight_kept(const WeightMatrix& w, const float* s, std::vector<uint8_t>& host) {
-  WeightMatrix out = scale_on_device(w, s, w.dtype, "scale_weight");
-  return out.resident ? out : Backend::scale_weight_kept(w, s, host);
 }
 
 void CudaBackend::upload_f64(double* dst, const double* src, size_t n) {
@@ -220,30 +213,15 @@ DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t 
   return {};
 }
 
-std::vector<float> CudaBackend::gram_cholesky_upper(const double* gram, int64_t K) {
-  const OpScope op(*dev_, "gram_cholesky_upper");
-  const DeviceBuffer<float> u = cholesky_on_device(gram, K);
-  return u.size() ? download(u) : std::vector<float>{};
-}
-
-GramFactor CudaBackend::gram_cholesky_kept(const double* gram, int64_t K) {
+GramFactor CudaBackend::gram_cholesky_upper(const double* gram, int64_t K) {
   const OpScope op(*dev_, "gram_cholesky_upper");
   DeviceBuffer<float> g32;
   DeviceBuffer<float> u = cholesky_on_device(gram, K, &g32);
   GramFactor f;
-  // Kept for the GEMM form under keep_gram's own rule (half the budget at most), else given back.
-  if (!u.size() && g32.size() && dev_->in_use_live() + kSlack <= dev_->budget() / 2) {
-    auto g = std::make_shared<DeviceArray>();
-    g->owner = this;
-    g->data = DeviceBuffer<uint8_t>::adopt(std::move(g32));
-    f.gram_resident = std::move(g);
-  }
-  if (!u.size()) return f;
-  // Kept as bytes: a DeviceArray holds any array. The move keeps the allocation's size for its release.
-  auto a = std::make_shared<DeviceArray>();
-  a->owner = this;
-  a->data = DeviceBuffer<uint8_t>::adopt(std::move(u));
-  f.resident = std::move(a);
+  // Kept for the GEMM form under upload's own rule (half the budget at most), else given back.
+  if (!u.size() && g32.size() && dev_->in_use_live() + kSlack <= dev_->budget() / 2)
+    f.gram = device_tensor(std::move(g32), K, K);
+  if (u.size()) f.upper = device_tensor(std::move(u), K, K);
   return f;
 }
 

@@ -34,7 +34,7 @@ std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float
   for (int64_t r0 = 0; r0 < w.rows; r0 += panel) {
     const int64_t nr = std::min(panel, w.rows - r0), n = nr * w.cols;
     DeviceBuffer<uint8_t> in(*dev_, size_t(n) * in_sz), res(*dev_, size_t(n) * out_sz);
-    if (const uint8_t* d = kept(w.resident))
+    if (const uint8_t* d = kept(w.buffer))
       dev_->on_device_2d(in.get(), in.bytes(), d + size_t(r0 * w.cols) * in_sz, in.bytes(), in.bytes(), 1);
     else
       dev_->to_device(in.get(), static_cast<const uint8_t*>(w.data) + size_t(r0 * w.cols) * in_sz, in.bytes());
@@ -49,15 +49,26 @@ std::vector<uint8_t> CudaBackend::elementwise(const WeightMatrix& w, const float
   return out;
 }
 
-std::vector<uint8_t> CudaBackend::scale_weight(const WeightMatrix& w, const float* s) {
+// W ⊙ s left on the device for what follows; where it does not fit beside what is held, it streams in row
+// panels through the host and the result is host memory.
+WeightMatrix CudaBackend::scale_weight(const WeightMatrix& w, const float* s) {
+  WeightMatrix out = scale_on_device(w, s, w.dtype, "scale_weight");
+  if (out.buffer) return out;
   const OpScope op(*dev_, "scale_weight");
   dev_->count_flops(double(w.rows * w.cols));
-  return elementwise(w, s, size_t(w.K()), kScale);
+  return WeightMatrix::of(host_tensor(w.dtype, {w.rows, w.cols}, elementwise(w, s, size_t(w.K()), kScale)), w.k_axis);
 }
-std::vector<uint8_t> CudaBackend::scale_weight_f32(const WeightMatrix& w, const float* s) {
+WeightMatrix CudaBackend::scale_weight_f32(const WeightMatrix& w, const float* s) {
+  WeightMatrix out = scale_on_device(w, s, DType::kFloat32, "scale_weight_f32");
+  if (out.buffer) return out;
   const OpScope op(*dev_, "scale_weight_f32");
   dev_->count_flops(double(w.rows * w.cols));
-  return elementwise(w, s, size_t(w.K()), kScaleF32);
+  return WeightMatrix::of(host_tensor(DType::kFloat32, {w.rows, w.cols}, elementwise(w, s, size_t(w.K()), kScaleF32)),
+                          w.k_axis);
+}
+std::vector<float> CudaBackend::awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
+                                          double alpha) {
+  return on_host("awq_scale", [&](Backend& h) { return h.awq_scale(x_mean, w_mean, alpha); });
 }
 std::vector<uint8_t> CudaBackend::divide_columns(const WeightMatrix& w, const float* d) {
   const OpScope op(*dev_, "divide_columns");

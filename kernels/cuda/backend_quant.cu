@@ -52,7 +52,7 @@ Panel CudaBackend::upload_panel(const WeightMatrix& w, int64_t n0, int64_t width
   p.n0 = n0;
   p.width = width;
   const int64_t rows = w.k_axis == 0 ? K : width, cols = w.k_axis == 0 ? width : K;
-  const uint8_t* d = kept(w.resident);
+  const uint8_t* d = kept(w.buffer);
   if (d && (w.k_axis == 1 || width == N)) {  // contiguous in the kept copy: read in place
     p.view = WeightView{d + size_t(w.k_axis == 1 ? n0 * K : 0) * esz, int(w.dtype), rows, cols, w.k_axis};
     return p;
@@ -327,7 +327,7 @@ void CudaBackend::rtn_ratios(const WeightMatrix& w, const QuantSpec& spec, const
   });
 }
 
-void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram_t,
                                      int64_t gram_block, const float* inv_s, const GramClipOptions& opt,
                                      QuantResult& out) {
   const OpScope op(*dev_, "clip_quantize_gram");
@@ -341,8 +341,10 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
   // Only the diagonal blocks are read: [G, B, B] on the device, the last one zero-padded.
   DeviceBuffer<float> gb(*dev_, size_t(G * B * B));
   {
-    const double* kept_src = gram_block ? reinterpret_cast<const double*>(kept(opt.kept_blocks)) : nullptr;
-    // Kept on the device for the activation's sibling weights, else uploaded for this weight.
+    const double* gram = gram_t.f64();
+    const double* kept_src = gram_block ? reinterpret_cast<const double*>(kept(gram_t.buffer)) : nullptr;
+    if (!kept_src && !gram) throw std::invalid_argument("clip_quantize_gram: a Gram matrix held by another backend");
+    // Uploaded once for the activation's sibling weights (its blocks), else uploaded for this weight.
     DeviceBuffer<double> src(*dev_, kept_src ? 0 : size_t(G * B * B));
     if (!kept_src && gram_block) {
       upload_f64(src.get(), gram, src.size());  // float32 on the bus where that is exact

@@ -8,7 +8,7 @@
 // buffers (kStagingSlots of staging_chunk() bytes per lane, allocated once), in chunks: filling slot
 // i + 1 from the host's (often memory-mapped, pageable) pages overlaps the DMA of slot i. Three streams:
 // the compute stream (kernels, BLAS, device copies), the copy stream (the operations' own uploads and
-// downloads, ordered against the compute stream by events) and the prefetch stream (Backend::keep's
+// downloads, ordered against the compute stream by events) and the prefetch stream (Backend::upload's
 // uploads, issued by a host thread of their own, so that the next weight goes up while this one
 // computes and comes back). The emulated device has the same structure, its streams running each copy
 // at once: the ledger counts the same bytes, chunks and prefetches either way.

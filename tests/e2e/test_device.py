@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +14,8 @@ import pytest
 from . import models
 from .conftest import REPO, folder_digest, smollm2_dir
 
-OPS = ["rtn", "rtn_weighted", "rtn_ratios", "rtn_lsq", "hqq", "scale_weight", "scale_weight_f32", "divide_columns",
-       "awq_weight_mean", "awq_weight_mean_joint", "awq_scale", "mean_of", "gram_cholesky_upper", "channel_energy", "awq_losses",
-       "clip_search_modelopt", "clip_quantize_gram", "gptq", "pack_onnx", "pack_matmulnbits_weight",
-       "matmulnbits_scales", "pack_matmulnbits_zero_points", "dequantize"]
+# Every backend operation, from the one table that declares them.
+OPS = re.findall(r"^NIBBLE_BACKEND_OP\((\w+),", Path(REPO, "kernels", "backend_ops.inc").read_text(), re.M)
 
 
 def has_gpu(nibble) -> bool:

@@ -63,19 +63,21 @@ def deep_model(model_cache, ledger_model):
     return model_cache.llama(dtype="fp16", hidden=spec.hidden, inter=spec.inter, layers=2 * spec.layers)[1]
 
 
-def check_pooled(nibble, deep, npz, tmp_path, r, *flags, held=False):
+def check_pooled(nibble, deep, npz, tmp_path, r, *flags, held=False, grams_of=None):
     """No allocation after the first weight of a kind: twice the weights, the same allocations. A
     whole-model run that keeps each weight on the device from its search to its quantizer (`held`) holds
     them all at once between the two, in one room reserved for them (one allocation, however many weights):
-    no more allocations either, and every weight is held (each goes up once, by `keep`)."""
+    no more allocations either, and every weight is held (each goes up once, by `upload`). `grams_of`: the
+    run's source model, when its Gram matrices are uploaded too (once each)."""
     r2, d2, _ = _run(nibble, deep, str(tmp_path / "deep"), npz, *flags)
     more = len(r2["weights"]) - len(r["weights"])
     assert more > 0
     assert d2["allocations"] == r["summary"]["device"]["allocations"]
     if held:
-        for rep, d in ((r, r["summary"]["device"]), (r2, d2)):
-            assert d["ops"]["reserve_kept"]["allocations"] == 1
-            assert d["ops"]["keep"]["h2d_bytes"] == rep["summary"]["bytes_in"]
+        for rep, d, model in ((r, r["summary"]["device"], grams_of), (r2, d2, deep)):
+            grams = gram_bytes(activations(model, rep)) if grams_of else 0
+            assert d["ops"]["reserve"]["allocations"] == 1
+            assert d["ops"]["upload"]["h2d_bytes"] == rep["summary"]["bytes_in"] + grams
             assert rep["summary"]["peak_device_memory_bytes"] <= rep["summary"]["device_memory_budget_bytes"]
 
 
@@ -91,7 +93,7 @@ def test_rtn_dq_moves_each_weight_once_and_the_packed_output_back(nibble, ledger
 
 @pytest.mark.parametrize("algo,op", [("rtn_dq", "rtn"), ("rtn_lsq", "rtn_lsq")])
 def test_rtn_prefetches_the_next_weight(nibble, ledger_model, tmp_path, algo, op):
-    """rtn_dq and rtn_lsq keep weight i + 1 on the device (Backend::keep: an upload enqueued on the prefetch stream)
+    """rtn_dq and rtn_lsq keep weight i + 1 on the device (Backend::upload: a copy enqueued on the prefetch stream)
     before it quantizes weight i: every weight but the first goes up as a prefetch that the previous
     weight's launches overlap and is read in place; each still crosses the bus once, all of it through
     the pinned staging ring."""
@@ -100,7 +102,7 @@ def test_rtn_prefetches_the_next_weight(nibble, ledger_model, tmp_path, algo, op
     sizes = [w["bytes_in"] for w in r["weights"]]
     ops = d["ops"]
     assert len(sizes) > 2
-    assert d["prefetches"] == ops["keep"]["prefetches"] == len(sizes) - 1
+    assert d["prefetches"] == ops["upload"]["prefetches"] == len(sizes) - 1
     assert d["prefetches_overlapped"] == d["prefetches"]
     assert d["prefetch_bytes"] == d["prefetch_bytes_overlapped"] == sum(sizes[1:])
     assert ops[op]["h2d_bytes"] == sizes[0]  # the others are read where their prefetch put them
@@ -117,7 +119,7 @@ def test_awq_lite_moves_each_weight_and_each_gram_once(nibble, ledger_model, dee
     r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", "awq_lite", "--layer_by_layer", "off")
     ops, w = d["ops"], r["summary"]["bytes_in"]
     acts = activations(src, r)
-    assert ops["keep"]["h2d_bytes"] == w
+    assert ops["upload"]["h2d_bytes"] == w
     assert ops["scale_weight_f32"]["h2d_bytes"] <= ops["scale_weight_f32"]["calls"] * max(acts.values()) * 4
     assert ops["gram_cholesky_upper"]["calls"] == len(acts)
     assert ops["gram_cholesky_upper"]["h2d_bytes"] == gram_bytes(acts)
@@ -138,7 +140,7 @@ def test_awq_lite_modelopt_mode_moves_each_weight_and_each_gram_once(nibble, led
     r, d, out = _run(nibble, src, str(tmp_path), npz, "--algo", "awq_lite", "--awq_mode", "modelopt")
     ops, w = d["ops"], r["summary"]["bytes_in"]
     acts = activations(src, r)
-    assert ops["keep"]["h2d_bytes"] == w
+    assert ops["upload"]["h2d_bytes"] == w + gram_bytes(acts)  # each weight once, each Gram matrix once
     assert ops["scale_weight"]["d2h_bytes"] == 0
     assert ops["rtn"]["h2d_bytes"] == 0
     assert w + gram_bytes(acts) <= d["h2d_bytes"] <= 1.1 * (w + gram_bytes(acts))
@@ -153,7 +155,7 @@ def test_awq_lite_layer_by_layer_is_pooled(nibble, ledger_model, deep_model, tmp
     flags = ("--algo", "awq_lite", "--layer_by_layer")
     r, d, out = _run(nibble, src, str(tmp_path), npz, *flags)
     w = r["summary"]["bytes_in"]
-    assert d["ops"]["keep"]["h2d_bytes"] == w
+    assert d["ops"]["upload"]["h2d_bytes"] == w
     assert w <= d["h2d_bytes"] <= 1.1 * (w + gram_bytes(activations(src, r)))
     check_down(r, d, out)
     check_pooled(nibble, deep_model, npz, tmp_path, r, *flags)
@@ -275,13 +277,12 @@ def test_mixed_by_sensitivity_moves_each_weight_once(nibble, ledger_model, deep_
     r, d, out = _run(nibble, src, str(tmp_path), npz, *flags)
     ops, w = d["ops"], r["summary"]["bytes_in"]
     acts = activations(src, r)
-    assert ops["keep"]["h2d_bytes"] == w
-    assert ops["keep_gram"]["calls"] == len(acts) and ops["keep_gram"]["h2d_bytes"] == gram_bytes(acts)
+    assert ops["upload"]["h2d_bytes"] == w + gram_bytes(acts)  # each weight once, each Gram matrix once
     assert ops["awq_losses"]["h2d_bytes"] <= ops["awq_losses"]["calls"] * 12 * max(acts.values()) * 4
     assert w + 2 * gram_bytes(acts) <= d["h2d_bytes"] <= 1.1 * (w + 3 * gram_bytes(acts))
     check_down(r, d, out)
     check_on_host(d)
-    check_pooled(nibble, deep_model, npz, tmp_path, r, *flags, held=True)
+    check_pooled(nibble, deep_model, npz, tmp_path, r, *flags, held=True, grams_of=src)
 
 
 # ---- The 7B-shaped model (tools/make_llama_shaped.py --layers 2, fp16) within a 1 GiB device: minutes of

@@ -223,10 +223,11 @@ TEST(CudaEmulated, GramClipSearchStreamsInPanels) {
         blocks[size_t((g * B + i) * B + j)] = gram[size_t((g * B + i) * K + g * B + j)];
   const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f, 0.6f}, true};
   QuantResult want, narrow, wide;
-  ref->clip_quantize_gram(w.m, c.spec(), blocks.data(), B, nullptr, opt, want);
+  const Tensor bt = host_view(DType::kFloat64, {G, B, B}, blocks.data());
+  ref->clip_quantize_gram(w.m, c.spec(), bt, B, nullptr, opt, want);
   auto small = emulated(3u << 20), big = emulated(1u << 30);
-  small->clip_quantize_gram(w.m, c.spec(), blocks.data(), B, nullptr, opt, narrow);
-  big->clip_quantize_gram(w.m, c.spec(), blocks.data(), B, nullptr, opt, wide);
+  small->clip_quantize_gram(w.m, c.spec(), bt, B, nullptr, opt, narrow);
+  big->clip_quantize_gram(w.m, c.spec(), bt, B, nullptr, opt, wide);
   EXPECT_EQ(want.codes, narrow.codes);
   EXPECT_EQ(want.scales, narrow.scales);
   EXPECT_EQ(wide.codes, narrow.codes);
@@ -252,10 +253,11 @@ TEST(CudaEmulated, GramClipSearchIssuesTheCpuBackendsProducts) {
     const check::Weight w = check::make_weight(c, 17 + k_axis);
     const auto gram = check::gram(400, c.K, 43);
     QuantResult want;
-    cpu->clip_quantize_gram(w.m, c.spec(), gram.data(), 0, nullptr, opt, want);
+    const Tensor gt = host_view(DType::kFloat64, {c.K, c.K}, gram.data());
+    cpu->clip_quantize_gram(w.m, c.spec(), gt, 0, nullptr, opt, want);
     for (uint64_t budget : {uint64_t(8) << 20, uint64_t(11) << 20, uint64_t(1) << 30}) {
       QuantResult got;
-      emulated(budget)->clip_quantize_gram(w.m, c.spec(), gram.data(), 0, nullptr, opt, got);
+      emulated(budget)->clip_quantize_gram(w.m, c.spec(), gt, 0, nullptr, opt, got);
       EXPECT_EQ(want.codes, got.codes) << "k_axis " << k_axis << ", budget " << budget;
       EXPECT_EQ(want.scales, got.scales) << "k_axis " << k_axis << ", budget " << budget;
     }
@@ -284,7 +286,8 @@ TEST(CudaEmulated, WeightsLargerThanTheBudgetStreamInPanels) {
     dev->rtn_weighted(w.m, c.spec(), cw.data(), {1.0f, 0.9f}, b);
     EXPECT_EQ(a.codes, b.codes);
     EXPECT_EQ(a.scales, b.scales);
-    EXPECT_EQ(ref->scale_weight(w.m, cw.data()), dev->scale_weight(w.m, cw.data()));
+    EXPECT_EQ(ref->download(ref->scale_weight(w.m, cw.data()).tensor()),
+              dev->download(dev->scale_weight(w.m, cw.data()).tensor()));
     EXPECT_GT(dev->device_memory().peak, budget / 2);
     EXPECT_LE(dev->device_memory().peak, budget);
   }
@@ -310,10 +313,10 @@ TEST(CudaEmulated, GramMatricesLargerThanTheBudgetStreamInRowPanels) {
   const check::Weight w = check::make_weight(c, 9);
   const auto gram = check::gram(500, K, 2);
   const std::vector<float> g32(gram.begin(), gram.end());
-  const auto upper = ref->gram_cholesky_upper(gram.data(), K);
+  const GramFactor upper = ref->gram_cholesky_upper(gram.data(), K);
   const auto s = check::positive(K, 0.5f, 2.0f, 1);
   for (bool factor : {false, true}) {
-    const GramForm form{K, 500, g32.data(), factor ? upper.data() : nullptr};
+    const GramForm form{K, 500, host_view(DType::kFloat32, {K, K}, g32.data()), factor ? upper.upper : Tensor{}};
     const double want = ref->awq_losses(w.m, {s.data()}, c.spec(), form, nullptr)[0];
     for (uint64_t budget : {uint64_t(4) << 20, uint64_t(400) << 10}) {
       auto dev = emulated(budget);
@@ -323,6 +326,6 @@ TEST(CudaEmulated, GramMatricesLargerThanTheBudgetStreamInRowPanels) {
     }
   }
   // Too large to factor within the budget: no factor, so the Gram form (which streams) is used.
-  EXPECT_TRUE(emulated(1u << 20)->gram_cholesky_upper(gram.data(), K).empty());
-  EXPECT_EQ(emulated(8u << 20)->gram_cholesky_upper(gram.data(), K).size(), size_t(K * K));
+  EXPECT_FALSE(emulated(1u << 20)->gram_cholesky_upper(gram.data(), K).ok());
+  EXPECT_EQ(emulated(8u << 20)->gram_cholesky_upper(gram.data(), K).upper.elements(), K * K);
 }

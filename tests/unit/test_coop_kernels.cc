@@ -232,8 +232,8 @@ TEST(ColumnDot, CpuAndEmulatedDeviceAwqLossesAreTheSameBits) {
   const int64_t K = 600, T = 1200;
   const auto gram = check::gram(T, K, 4);
   const std::vector<float> g32(gram.begin(), gram.end());
-  const auto upper = cpu->gram_cholesky_upper(gram.data(), K);
-  ASSERT_EQ(upper.size(), size_t(K * K));
+  const GramFactor upper = cpu->gram_cholesky_upper(gram.data(), K);
+  ASSERT_EQ(upper.upper.elements(), K * K);
   const auto s1 = check::positive(K, 0.5f, 2.0f, 1), s2 = check::positive(K, 0.25f, 4.0f, 2);
   const std::vector<float> ratios{1.0f, 0.9f, 0.8f};
   for (uint64_t budget : {uint64_t(0), uint64_t(16) << 20}) {
@@ -246,7 +246,7 @@ TEST(ColumnDot, CpuAndEmulatedDeviceAwqLossesAreTheSameBits) {
       const check::Weight w = check::make_weight(c, 11);
       for (bool factor : {false, true})
         for (bool clip : {false, true}) {
-          const GramForm form{K, T, g32.data(), factor ? upper.data() : nullptr};
+          const GramForm form{K, T, host_view(DType::kFloat32, {K, K}, g32.data()), factor ? upper.upper : Tensor{}};
           const auto want = cpu->awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
           const auto got = emu->awq_losses(w.m, {s1.data(), s2.data()}, c.spec(), form, clip ? &ratios : nullptr);
           const std::string at = c.label() + (factor ? " factor" : " gram") + (clip ? " clip" : "") + " budget " +

@@ -1,6 +1,6 @@
 // The device layer's copy structure on the emulated device (which runs the real device's chunking and
 // ordering logic, kernels/cuda/device.cc, with its streams executing at once): the pinned staging ring,
-// prefetches of the next weight (Backend::keep), the device memory budget that refuses one, and
+// prefetches of the next weight (Backend::upload), the device memory budget that refuses one, and
 // asynchronous errors surfacing at a sync point with the operation named.
 #include <gtest/gtest.h>
 
@@ -125,7 +125,7 @@ TEST(DeviceStreams, StagingRingChunksPitchedCopies) {
   EXPECT_EQ(gpu::DeviceLayer::chunks_of(10000, 3, kChunk), 9u);
 }
 
-// The pipeline's order for two weights: keep(w1) (a prefetch, not awaited), quantize w0, quantize w1 from
+// The pipeline's order for two weights: upload(w1) (a prefetch, not awaited), quantize w0, quantize w1 from
 // its kept copy. w1 crosses the bus once, in the prefetch, which launches overlapped; the results are
 // the CPU's. A weight kept and read at once is a prefetch that nothing overlapped.
 TEST(DeviceStreams, NextWeightIsPrefetchedAndReadInPlace) {
@@ -134,8 +134,8 @@ TEST(DeviceStreams, NextWeightIsPrefetchedAndReadInPlace) {
   auto cpu = make_cpu_backend();
   const QuantSpec spec{4, 32, false};
   const RtnSearchOptions opt{FitWeight::kMagnitude};
-  const WeightMatrix k1 = gpu->keep(w1.m);
-  ASSERT_TRUE(k1.resident);
+  const WeightMatrix k1 = gpu->upload_weight(w1.m);
+  ASSERT_TRUE(k1.buffer);
   QuantResult g0, g1, c0, c1;
   gpu->rtn_lsq(w0.m, spec, opt, g0);
   gpu->rtn_lsq(k1, spec, opt, g1);
@@ -144,9 +144,9 @@ TEST(DeviceStreams, NextWeightIsPrefetchedAndReadInPlace) {
   expect_same(g0, c0);
   expect_same(g1, c1);
   const TransferLedger& l = *gpu->transfer_ledger();
-  EXPECT_EQ(op(*gpu, "keep").h2d_bytes, w1.bytes());
-  EXPECT_EQ(op(*gpu, "keep").prefetches, 1u);
-  EXPECT_EQ(op(*gpu, "keep").prefetches_overlapped, 1u);
+  EXPECT_EQ(op(*gpu, "upload").h2d_bytes, w1.bytes());
+  EXPECT_EQ(op(*gpu, "upload").prefetches, 1u);
+  EXPECT_EQ(op(*gpu, "upload").prefetches_overlapped, 1u);
   EXPECT_EQ(op(*gpu, "rtn_lsq").h2d_bytes, w0.bytes());  // w1 is read where the prefetch put it
   EXPECT_EQ(l.total.h2d_bytes, w0.bytes() + w1.bytes());
   EXPECT_EQ(l.total.prefetches, 1u);
@@ -155,8 +155,8 @@ TEST(DeviceStreams, NextWeightIsPrefetchedAndReadInPlace) {
   EXPECT_EQ(l.total.prefetch_bytes_overlapped, w1.bytes());
   EXPECT_EQ(l.total.staged_bytes, l.total.h2d_bytes + l.total.d2h_bytes);
   // Kept and read at once (AWQ's statistic): a prefetch, not overlapped.
-  const WeightMatrix k0 = gpu->keep(w0.m);
-  ASSERT_TRUE(k0.resident);
+  const WeightMatrix k0 = gpu->upload_weight(w0.m);
+  ASSERT_TRUE(k0.buffer);
   EXPECT_EQ(gpu->awq_weight_mean(k0, 32, true), cpu->awq_weight_mean(w0.m, 32, true));
   EXPECT_EQ(l.total.prefetches, 2u);
   EXPECT_EQ(l.total.prefetches_overlapped, 1u);
@@ -167,7 +167,7 @@ TEST(DeviceStreams, NextWeightIsPrefetchedAndReadInPlace) {
   EXPECT_EQ(j["prefetches_overlapped"], 1);
   EXPECT_EQ(j["prefetch_bytes_overlapped"], w1.bytes());
   EXPECT_EQ(j["staged_bytes"], l.total.staged_bytes);
-  EXPECT_EQ(j["ops"]["keep"]["prefetches"], 2);
+  EXPECT_EQ(j["ops"]["upload"]["prefetches"], 2);
   EXPECT_EQ(j["ops"]["rtn_lsq"]["staged_bytes"], op(*gpu, "rtn_lsq").h2d_bytes + op(*gpu, "rtn_lsq").d2h_bytes);
   EXPECT_EQ(j["ops"]["rtn_lsq"]["h2d_bytes"], w0.bytes());
 }
@@ -176,13 +176,13 @@ TEST(DeviceStreams, NextWeightIsPrefetchedAndReadInPlace) {
 // not kept (no prefetch: its operation uploads it itself), with the same result.
 TEST(DeviceStreams, BudgetRefusesAPrefetchThatDoesNotFit) {
   const Weight w0(1024, 512, 3), w1(1024, 512, 4);
-  // Half of it holds one weight with keep()'s 64 KiB of slack, not two.
+  // Half of it holds one weight with upload()'s 64 KiB of slack, not two.
   const uint64_t budget = 3 * w0.bytes() + 2 * 65536;
   auto gpu = make_backend(BackendOptions{Device::kCudaEmulated, budget}, nullptr);
-  WeightMatrix k0 = gpu->keep(w0.m);
-  ASSERT_TRUE(k0.resident);
-  const WeightMatrix k1 = gpu->keep(w1.m);
-  EXPECT_FALSE(k1.resident);
+  WeightMatrix k0 = gpu->upload_weight(w0.m);
+  ASSERT_TRUE(k0.buffer);
+  const WeightMatrix k1 = gpu->upload_weight(w1.m);
+  EXPECT_FALSE(k1.buffer);
   EXPECT_EQ(k1.data, w1.m.data);
   EXPECT_EQ(gpu->transfer_ledger()->total.prefetches, 1u);
   QuantResult g1, c1;
@@ -193,7 +193,7 @@ TEST(DeviceStreams, BudgetRefusesAPrefetchThatDoesNotFit) {
   EXPECT_LE(gpu->device_memory().peak, budget);
   // Once the first weight's handle is gone, the next one fits again.
   k0 = WeightMatrix{};
-  EXPECT_TRUE(gpu->keep(w1.m).resident);
+  EXPECT_TRUE(gpu->upload_weight(w1.m).buffer);
   EXPECT_EQ(gpu->transfer_ledger()->total.prefetches, 2u);
 }
 
@@ -212,8 +212,8 @@ TEST(DeviceStreams, AsynchronousErrorsNameTheOperation) {
   gpu->rtn(w.m, QuantSpec{4, 32, false}, q);
   // A prefetch's copy fails: the operation that waits for the weight names it.
   gpu::inject_fault(d, gpu::EmulatedFault::kCopy);
-  const WeightMatrix k = gpu->keep(w.m);
-  ASSERT_TRUE(k.resident);
+  const WeightMatrix k = gpu->upload_weight(w.m);
+  ASSERT_TRUE(k.buffer);
   e = error_of([&] { gpu->rtn(k, QuantSpec{4, 32, true}, q); });
   EXPECT_EQ(e.rfind("cuda_emulated: rtn: an illegal memory access was encountered (injected into a copy)", 0), 0u) << e;
   // A copy of the device layer's own, outside any operation, and inside one.

@@ -80,7 +80,7 @@ TEST(Gptq, FactorIsTheCholeskyOfTheDampedInverse) {
           double s = 0;
           for (int64_t t = 0; t < K; ++t) {
             double inv = 0;
-            for (int64_t r = 0; r <= std::min(t, j); ++r) inv += double(f.upper[size_t(r * K + t)]) * f.upper[size_t(r * K + j)];
+            for (int64_t r = 0; r <= std::min(t, j); ++r) inv += double(f.upper.f32()[size_t(r * K + t)]) * f.upper.f32()[size_t(r * K + j)];
             const double h = g[size_t(f.perm[size_t(i)] * K + f.perm[size_t(t)])] + (i == t ? f.damp : 0.0);
             s += h * inv;
           }

@@ -117,8 +117,8 @@ TEST(GptqDevice, EqualsTheCpuBackendBitForBit) {
       SCOPED_TRACE(std::string(act_order ? "act_order" : "in order") + (scaled ? " scaled" : ""));
       expect_same_channels(fc, fg);
       EXPECT_EQ(fc.dead[11], 1);
-      EXPECT_TRUE(fg.upper.empty());
-      ASSERT_TRUE(fg.upper_resident);
+      EXPECT_EQ(fg.upper.data, nullptr);  // U stays on the device
+      ASSERT_TRUE(fg.upper.buffer);
       for (const Case& c : kCases) {
         const Weight w(c.dtype, K, N, c.k_axis, 3);
         const QuantSpec spec{c.bits, 64, c.zero_point};
@@ -201,9 +201,8 @@ TEST(GptqDevice, ReadsTheScaledWeightInPlace) {
   const Weight w(DType::kFloat16, K, N, 0, 6);
   auto cpu = make_cpu_backend();
   auto gpu = emulated();
-  std::vector<uint8_t> cbuf, gbuf;
-  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
-  const WeightMatrix gs = gpu->scale_weight_f32_kept(w.m, s.data(), gbuf);
+  const WeightMatrix cs = cpu->scale_weight_f32(w.m, s.data());
+  const WeightMatrix gs = gpu->scale_weight_f32(w.m, s.data());
   ASSERT_EQ(gs.data, nullptr);
   QuantSpec spec{4, 32, true};
   spec.scale_dtype = DType::kFloat16;
@@ -231,7 +230,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   auto small = emulated(900 << 10);  // below H (K² · 8 bytes) and a staging panel
   const GptqFactor fs = small->gptq_factor(gram.data(), K, nullptr, 0.01, true);
   EXPECT_TRUE(op(*small, "gptq_factor").host_fallback);
-  EXPECT_EQ(fs.upper, fc.upper);
+  EXPECT_EQ(small->download(fs.upper), cpu->download(fc.upper));
   QuantResult got;
   small->gptq_quantize(w.m, spec, fs, options(128), got);
   expect_same(want, got);
@@ -245,7 +244,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   auto snug = emulated(1200 << 10);
   const GptqFactor fn = snug->gptq_factor(gram.data(), K, nullptr, 0.01, true);
   EXPECT_FALSE(op(*snug, "gptq_factor").host_fallback);
-  ASSERT_TRUE(fn.upper_resident);
+  ASSERT_TRUE(fn.upper.buffer);
   QuantResult on_device;
   snug->gptq_quantize(w.m, spec, fn, options(128), on_device);
   EXPECT_FALSE(op(*snug, "gptq_quantize").host_fallback);
@@ -263,13 +262,13 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   // host sweeps, with U brought back from the device.
   auto held = emulated(1920 << 10);
   const GptqFactor fd = held->gptq_factor(gram.data(), K, nullptr, 0.01, true);
-  ASSERT_TRUE(fd.upper_resident);
+  ASSERT_TRUE(fd.upper.buffer);
   std::vector<GramFactor> holds;
   for (int64_t k : {300, 260}) {
     std::vector<double> eye(size_t(k * k), 0.0);
     for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
-    holds.push_back(held->gram_cholesky_kept(eye.data(), k));
-    ASSERT_TRUE(holds.back().resident);
+    holds.push_back(held->gram_cholesky_upper(eye.data(), k));
+    ASSERT_TRUE(holds.back().upper.buffer);
   }
   QuantResult want_k, back;
   cpu->gptq_quantize(w.m, spec, fc, options(K), want_k);
@@ -299,13 +298,13 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
         const uint64_t budget = held ? uint64_t(1536) << 10 : uint64_t(64) << 20;
         auto gpu = emulated(budget);
         const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
-        ASSERT_TRUE(fg.upper_resident);
+        ASSERT_TRUE(fg.upper.buffer);
         std::vector<GramFactor> holds;
         for (int64_t k : held ? std::vector<int64_t>{300, 260} : std::vector<int64_t>{}) {
           std::vector<double> eye(size_t(k * k), 0.0);
           for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
-          holds.push_back(gpu->gram_cholesky_kept(eye.data(), k));
-          ASSERT_TRUE(holds.back().resident);
+          holds.push_back(gpu->gram_cholesky_upper(eye.data(), k));
+          ASSERT_TRUE(holds.back().upper.buffer);
         }
         QuantResult want, got;
         cpu->gptq_quantize(w.m, spec, fc, options(128), want);

@@ -147,8 +147,8 @@ TEST(ModeloptDevice, JointWeightMeanEqualsTheCpuBackend) {
       const auto want = cpu->awq_weight_mean_joint(sib, 128);
       ASSERT_EQ(want.size(), size_t(K));
       auto gpu = emulated();
-      const WeightMatrix kept = gpu->keep(b.m);
-      ASSERT_TRUE(kept.resident);
+      const WeightMatrix kept = gpu->upload_weight(b.m);
+      ASSERT_TRUE(kept.buffer);
       EXPECT_TRUE(same_bits(want, gpu->awq_weight_mean_joint({a.m, kept, c.m}, 128)));
       const OpTransfers o = op(*gpu, "awq_weight_mean_joint");
       EXPECT_EQ(o.h2d_bytes, a.size() + c.size());  // the kept sibling does not cross again

@@ -85,13 +85,13 @@ TEST(TransferLedger, SecondWeightOfAShapeAllocatesNothing) {
   EXPECT_LE(gpu->device_memory().peak, gpu->device_memory().budget);
 }
 
-// A kept weight is read in place by every operation given it.
-TEST(TransferLedger, KeptWeightIsUploadedOnce) {
+// An uploaded weight is read in place by every operation given it.
+TEST(TransferLedger, UploadedWeightIsReadInPlace) {
   const Fp16Weight w;
   auto gpu = emulated();
-  const WeightMatrix kept = gpu->keep(w.m);
-  ASSERT_TRUE(kept.resident);
-  EXPECT_EQ(op(*gpu, "keep").h2d_bytes, w.bytes());
+  const WeightMatrix kept = gpu->upload_weight(w.m);
+  ASSERT_TRUE(kept.buffer);
+  EXPECT_EQ(op(*gpu, "upload").h2d_bytes, w.bytes());
   QuantResult a, b;
   gpu->rtn(kept, QuantSpec{4, kBlock, false}, a);
   const std::vector<float> mean = gpu->awq_weight_mean(kept, kBlock, true);
@@ -101,9 +101,9 @@ TEST(TransferLedger, KeptWeightIsUploadedOnce) {
   cpu->rtn(w.m, QuantSpec{4, kBlock, false}, b);
   expect_same(a, b);
   EXPECT_EQ(mean, cpu->awq_weight_mean(w.m, kBlock, true));
-  // Beyond half the budget it is not kept (the operations stream it in panels instead).
+  // Beyond half the budget it is not uploaded (the operations stream it in panels instead).
   auto small = emulated(w.bytes());
-  EXPECT_FALSE(small->keep(w.m).resident);
+  EXPECT_FALSE(small->upload_weight(w.m).buffer);
 }
 
 // AWQ's W ⊙ s stays on the device for the quantizer: the fp32 weight never crosses the bus, whichever
@@ -114,11 +114,11 @@ TEST(TransferLedger, ScaledWeightStaysOnTheDevice) {
   for (int64_t k = 0; k < K; ++k) s[size_t(k)] = 0.5f + float(k % 7) * 0.25f, energy[size_t(k)] = 1.0f + float(k % 5);
   auto gpu = emulated();
   auto cpu = make_cpu_backend();
-  std::vector<uint8_t> gbuf, cbuf;
-  const WeightMatrix gs = gpu->scale_weight_f32_kept(w.m, s.data(), gbuf);
-  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
+  const WeightMatrix gs = gpu->scale_weight_f32(w.m, s.data());
+  const WeightMatrix cs = cpu->scale_weight_f32(w.m, s.data());
   EXPECT_EQ(gs.data, nullptr);
-  EXPECT_TRUE(gbuf.empty());
+  EXPECT_TRUE(gs.buffer);
+  EXPECT_TRUE(cs.data && cs.buffer);  // host memory the CPU's result owns
   EXPECT_EQ(gs.dtype, DType::kFloat32);
   EXPECT_EQ(op(*gpu, "scale_weight_f32").h2d_bytes, w.bytes() + uint64_t(K) * 4);
   EXPECT_EQ(op(*gpu, "scale_weight_f32").d2h_bytes, 0u);
@@ -139,8 +139,8 @@ TEST(TransferLedger, ScaledWeightStaysOnTheDevice) {
   EXPECT_EQ(op(*gpu, "hqq").d2h_bytes, uint64_t(K * N / 2 + G * N * (4 + 1) + 8));
 }
 
-// The Cholesky factor kept on the device gives the AWQ loss of the host factor, without its upload.
-TEST(TransferLedger, KeptCholeskyFactorIsReadInPlace) {
+// The Cholesky factor left on the device gives the AWQ loss of the host factor, without its upload.
+TEST(TransferLedger, DeviceCholeskyFactorIsReadInPlace) {
   const Fp16Weight w;
   std::mt19937 rng(9);
   std::normal_distribution<float> d;
@@ -155,21 +155,22 @@ TEST(TransferLedger, KeptCholeskyFactorIsReadInPlace) {
   const std::vector<float> s(static_cast<size_t>(K), 1.0f);
   auto gpu = emulated();
   const QuantSpec spec{4, kBlock, false};
-  const std::vector<float> upper = gpu->gram_cholesky_upper(gram.data(), K);
-  ASSERT_FALSE(upper.empty());
-  const std::vector<double> host_form =
-      gpu->awq_losses(w.m, {s.data()}, spec, GramForm{K, T, g32.data(), upper.data(), {}}, nullptr);
+  const GramFactor f = gpu->gram_cholesky_upper(gram.data(), K);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f.upper.data, nullptr);
+  EXPECT_EQ(op(*gpu, "gram_cholesky_upper").d2h_bytes, 0u);
+  const std::vector<uint8_t> upper = gpu->download(f.upper);
+  EXPECT_EQ(op(*gpu, "download").d2h_bytes, uint64_t(K * K) * 4);
+  const Tensor g32t = host_view(DType::kFloat32, {K, K}, g32.data());
+  const std::vector<double> host_form = gpu->awq_losses(
+      w.m, {s.data()}, spec, GramForm{K, T, g32t, host_view(DType::kFloat32, {K, K}, upper.data())}, nullptr);
   const uint64_t up_before = op(*gpu, "awq_losses").h2d_bytes;
-  const GramFactor f = gpu->gram_cholesky_kept(gram.data(), K);
-  ASSERT_TRUE(f.resident);
-  EXPECT_TRUE(f.host.empty());
-  const std::vector<double> kept_form =
-      gpu->awq_losses(w.m, {s.data()}, spec, GramForm{K, T, g32.data(), nullptr, f.resident}, nullptr);
+  const std::vector<double> kept_form = gpu->awq_losses(w.m, {s.data()}, spec, GramForm{K, T, g32t, f.upper}, nullptr);
   EXPECT_EQ(host_form, kept_form);
   EXPECT_EQ(op(*gpu, "awq_losses").h2d_bytes - up_before, up_before - uint64_t(K * K) * 4);
 }
 
-// The GEMM form's Gram matrix kept on the device (keep_gram): uploaded once, read in place by every
+// The GEMM form's Gram matrix uploaded: once, read in place by every
 // loss of the sibling weights, with the same losses as the host form.
 TEST(TransferLedger, KeptGramIsReadInPlace) {
   const Fp16Weight w;
@@ -184,13 +185,14 @@ TEST(TransferLedger, KeptGramIsReadInPlace) {
   GramForm host_form;
   host_form.K = K;
   host_form.rows = 2 * K;
-  host_form.gram32 = g32.data();
+  host_form.gram = host_view(DType::kFloat32, {K, K}, g32.data());
   const std::vector<double> want = gpu->awq_losses(w.m, {s.data()}, spec, host_form, nullptr);
   const uint64_t up_host = op(*gpu, "awq_losses").h2d_bytes;
-  const GramForm kept = gpu->keep_gram(host_form);
-  ASSERT_TRUE(kept.gram_resident);
-  EXPECT_EQ(op(*gpu, "keep_gram").h2d_bytes, uint64_t(K * K) * 4);
-  const WeightMatrix kw = gpu->keep(w.m);
+  GramForm kept = host_form;
+  kept.gram = gpu->upload(host_form.gram);
+  ASSERT_TRUE(kept.gram.buffer);
+  EXPECT_EQ(op(*gpu, "upload").h2d_bytes, uint64_t(K * K) * 4);
+  const WeightMatrix kw = gpu->upload_weight(w.m);
   for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(gpu->awq_losses(kw, {s.data()}, spec, kept, nullptr), want);
   // Per loss, with the weight and G on the device, only the candidate scale goes up (G's diagonal is
   // copied on the device).
@@ -198,12 +200,12 @@ TEST(TransferLedger, KeptGramIsReadInPlace) {
   EXPECT_EQ(per_loss, up_host - uint64_t(K * K) * 4 - uint64_t(K) * 4 - w.bytes());
   // The CPU keeps nothing: a tensor there is host memory.
   auto cpu = make_cpu_backend();
-  EXPECT_FALSE(cpu->keep_gram(host_form).gram_resident);
+  EXPECT_FALSE(cpu->upload(host_form.gram).buffer);
 }
 
 // A Gram matrix the factorisation cannot take (a float32-accumulated XᵀX can come out slightly indefinite;
 // here one pair of channels plainly so, which no diagonal shift of the retries repairs): the float32 copy
-// the attempt uploaded is kept for the GEMM form (GramFactor::gram_resident), which reads it in place and
+// the attempt uploaded is kept for the GEMM form (GramFactor::gram), which reads it in place and
 // gives the losses of the host form; nothing goes up a second time.
 TEST(TransferLedger, UnfactorisableGramServesTheGemmForm) {
   const Fp16Weight w;
@@ -213,24 +215,24 @@ TEST(TransferLedger, UnfactorisableGramServesTheGemmForm) {
   for (int64_t i = 0; i < K; ++i) g64[size_t(i * K + i)] = g32[size_t(i * K + i)] = 4.0f + float(i % 5);
   g64[size_t(1)] = g64[size_t(K)] = g32[size_t(1)] = g32[size_t(K)] = 40.0f;  // channels 0 and 1: indefinite
   auto gpu = emulated();
-  GramFactor f = gpu->gram_cholesky_kept(g64.data(), K);
+  GramFactor f = gpu->gram_cholesky_upper(g64.data(), K);
   EXPECT_FALSE(f.ok());
-  ASSERT_TRUE(f.gram_resident);
+  ASSERT_TRUE(f.gram.buffer);
   EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * 4);  // once, as float32
   const std::vector<float> s(static_cast<size_t>(K), 1.0f);
   const QuantSpec spec{4, kBlock, false};
   GramForm host_form;
   host_form.K = K;
   host_form.rows = T;
-  host_form.gram32 = g32.data();
+  host_form.gram = host_view(DType::kFloat32, {K, K}, g32.data());
   GramForm kept = host_form;
-  kept.gram_resident = f.gram_resident;
+  kept.gram.buffer = f.gram.buffer;
   const std::vector<double> want = make_cpu_backend()->awq_losses(w.m, {s.data()}, spec, host_form, nullptr);
   const std::vector<double> got = gpu->awq_losses(w.m, {s.data()}, spec, kept, nullptr);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_NEAR(got[0], want[0], 1e-6 * std::abs(want[0]));  // BLAS products: the same values, another order
   EXPECT_EQ(gpu->awq_losses(w.m, {s.data()}, spec, host_form, nullptr), got);  // as if G had gone up again
-  EXPECT_EQ(op(*gpu, "keep_gram").calls, 0u);
+  EXPECT_EQ(op(*gpu, "upload").calls, 0u);
   f = {};
   kept = {};
 }
@@ -249,13 +251,13 @@ TEST(TransferLedger, CholeskyGramGoesUpAsFloat32WhereExact) {
     std::vector<double> gram(g32.begin(), g32.end());
     if (!exact) gram[size_t(3 * K + 3)] += 1e-12;  // one value float32 cannot hold
     auto gpu = emulated();
-    const std::vector<float> got = gpu->gram_cholesky_upper(gram.data(), K);
-    EXPECT_EQ(got, cpu->gram_cholesky_upper(gram.data(), K)) << "exact " << exact;
+    const std::vector<uint8_t> got = gpu->download(gpu->gram_cholesky_upper(gram.data(), K).upper);
+    EXPECT_EQ(got, cpu->download(cpu->gram_cholesky_upper(gram.data(), K).upper)) << "exact " << exact;
     EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * (exact ? 4 : 8)) << "exact " << exact;
   }
 }
 
-// awq_clip's Gram blocks kept for the sibling weights of one activation (keep_gram_blocks): uploaded once,
+// awq_clip's Gram blocks uploaded for the sibling weights of one activation (a float64 tensor): once,
 // as float32 where exact, and every clip search that reads them gives the codes it gives with the host's.
 TEST(TransferLedger, KeptGramBlocksAreUploadedOnce) {
   const Fp16Weight w;
@@ -272,19 +274,20 @@ TEST(TransferLedger, KeptGramBlocksAreUploadedOnce) {
   GramClipOptions opt;
   opt.ratios = {1.0f, 0.9f, 0.8f};
   QuantResult want, got;
-  make_cpu_backend()->clip_quantize_gram(w.m, spec, blocks.data(), kBlock, nullptr, opt, want);
+  const Tensor host_blocks = host_view(DType::kFloat64, {G, kBlock, kBlock}, blocks.data());
+  make_cpu_backend()->clip_quantize_gram(w.m, spec, host_blocks, kBlock, nullptr, opt, want);
   auto gpu = emulated();
-  opt.kept_blocks = gpu->keep_gram_blocks(blocks.data(), K, kBlock);
-  ASSERT_TRUE(opt.kept_blocks);
-  EXPECT_EQ(op(*gpu, "keep_gram_blocks").h2d_bytes, blocks.size() * 4);
+  Tensor kept = gpu->upload(host_blocks);
+  ASSERT_TRUE(kept.buffer);
+  EXPECT_EQ(op(*gpu, "upload").h2d_bytes, blocks.size() * 4);
   for (int rep = 0; rep < 2; ++rep) {
-    gpu->clip_quantize_gram(w.m, spec, blocks.data(), kBlock, nullptr, opt, got);
+    gpu->clip_quantize_gram(w.m, spec, kept, kBlock, nullptr, opt, got);
     expect_same(want, got);
   }
   // Per weight only the weight and the candidate ratios go up.
   EXPECT_EQ(op(*gpu, "clip_quantize_gram").h2d_bytes, 2 * (w.bytes() + opt.ratios.size() * 4));
-  EXPECT_FALSE(make_cpu_backend()->keep_gram_blocks(blocks.data(), K, kBlock));
-  opt.kept_blocks.reset();  // a handle goes before the backend that holds its memory
+  EXPECT_FALSE(make_cpu_backend()->upload(host_blocks).buffer);
+  kept.release();  // a handle goes before the backend that holds its memory
 }
 
 // W ⊙ s from the copy the search kept: only s goes up, even beside the other weights a whole-model search
@@ -295,15 +298,14 @@ TEST(TransferLedger, ScaledKeptWeightUploadsOnlyTheScale) {
   for (int64_t k = 0; k < K; ++k) s[size_t(k)] = 0.5f + float(k % 7) * 0.25f;
   auto gpu = emulated(512 << 10);
   std::vector<WeightMatrix> held;
-  for (int i = 0; i < 3; ++i) held.push_back(gpu->keep(w.m));
-  for (const auto& h : held) ASSERT_TRUE(h.resident);
-  std::vector<uint8_t> gbuf, cbuf;
-  const WeightMatrix gs = gpu->scale_weight_f32_kept(held[0], s.data(), gbuf);
+  for (int i = 0; i < 3; ++i) held.push_back(gpu->upload_weight(w.m));
+  for (const auto& h : held) ASSERT_TRUE(h.buffer);
+  const WeightMatrix gs = gpu->scale_weight_f32(held[0], s.data());
   EXPECT_EQ(gs.data, nullptr);
   EXPECT_EQ(op(*gpu, "scale_weight_f32").h2d_bytes, uint64_t(K) * 4);
   EXPECT_EQ(op(*gpu, "scale_weight_f32").d2h_bytes, 0u);
   auto cpu = make_cpu_backend();
-  const WeightMatrix cs = cpu->scale_weight_f32_kept(w.m, s.data(), cbuf);
+  const WeightMatrix cs = cpu->scale_weight_f32(w.m, s.data());
   QuantSpec spec{4, kBlock, false};
   spec.scale_dtype = DType::kFloat16;
   QuantResult a, b;
@@ -318,30 +320,31 @@ TEST(TransferLedger, ScaledKeptWeightUploadsOnlyTheScale) {
 TEST(TransferLedger, HeldWeightsShareOneRoom) {
   const Fp16Weight w;
   auto gpu = emulated();
-  const std::shared_ptr<Resident> room = gpu->reserve_kept({w.bytes(), w.bytes(), w.bytes()});
+  const std::shared_ptr<Buffer> room = gpu->reserve({w.bytes(), w.bytes(), w.bytes()});
   ASSERT_TRUE(room);
-  EXPECT_EQ(op(*gpu, "reserve_kept").allocations, 1u);
+  EXPECT_EQ(op(*gpu, "reserve").allocations, 1u);
+  const auto into_room = [&](const WeightMatrix& m) { return WeightMatrix::of(gpu->upload_into(m.tensor(), room), 0); };
   std::vector<WeightMatrix> held;
-  for (int i = 0; i < 3; ++i) held.push_back(gpu->keep_in(w.m, room));
-  for (const auto& h : held) ASSERT_TRUE(h.resident);
-  EXPECT_FALSE(gpu->keep_in(w.m, room).resident);  // full
-  EXPECT_EQ(op(*gpu, "keep").allocations, 0u);
-  EXPECT_EQ(op(*gpu, "keep").h2d_bytes, 3 * w.bytes());
+  for (int i = 0; i < 3; ++i) held.push_back(into_room(w.m));
+  for (const auto& h : held) ASSERT_TRUE(h.buffer);
+  EXPECT_FALSE(into_room(w.m).buffer);  // full
+  EXPECT_EQ(op(*gpu, "upload").allocations, 0u);
+  EXPECT_EQ(op(*gpu, "upload").h2d_bytes, 3 * w.bytes());
   QuantResult a, b;
   gpu->rtn(held[1], QuantSpec{4, kBlock, true}, a);
   make_cpu_backend()->rtn(w.m, QuantSpec{4, kBlock, true}, b);
   expect_same(a, b);
   EXPECT_EQ(op(*gpu, "rtn").h2d_bytes, 0u);
   held[1] = WeightMatrix{};  // its piece goes back to the room
-  const WeightMatrix again = gpu->keep_in(w.m, room);
-  EXPECT_TRUE(again.resident);
-  EXPECT_EQ(op(*gpu, "keep").allocations, 0u);
-  EXPECT_EQ(gpu->transfer_ledger()->ops.at("reserve_kept").allocations, 1u);
+  const WeightMatrix again = into_room(w.m);
+  EXPECT_TRUE(again.buffer);
+  EXPECT_EQ(op(*gpu, "upload").allocations, 0u);
+  EXPECT_EQ(gpu->transfer_ledger()->ops.at("reserve").allocations, 1u);
   // More than the budget holds: no room.
-  EXPECT_FALSE(emulated(w.bytes())->reserve_kept({w.bytes(), w.bytes()}));
+  EXPECT_FALSE(emulated(w.bytes())->reserve({w.bytes(), w.bytes()}));
   auto cpu = make_cpu_backend();
-  EXPECT_FALSE(cpu->reserve_kept({w.bytes()}));
-  EXPECT_FALSE(cpu->keep_in(w.m, room).resident);
+  EXPECT_FALSE(cpu->reserve({w.bytes()}));
+  EXPECT_FALSE(cpu->upload_into(w.m.tensor(), room).buffer);
 }
 
 namespace {

@@ -37,8 +37,8 @@ std::unique_ptr<Backend> make_emulated(const BackendOptions& o, std::string* why
 
 std::vector<uint8_t> Backend::pack_onnx_codes(const QuantResult& q, int bits) {
   if (bits == 4 && !q.packed.empty()) return q.packed;
-  if (q.codes.empty() && q.resident)
-    throw std::invalid_argument("pack_onnx_codes: the codes stayed on the device (QuantSpec::keep_on_backend)");
+  if (q.codes.empty() && !q.kept.empty())
+    throw std::invalid_argument("pack_onnx_codes: the codes stayed on the device (QuantResult::keep)");
   return pack_onnx(q.codes, bits);
 }
 

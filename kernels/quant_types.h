@@ -54,10 +54,6 @@ struct QuantSpec {
   // Type the scales are rounded to when it differs from the data's (nibble-mode AWQ quantizes an
   // fp32 W ⊙ s of an fp16/bf16 weight); kUndefined: the data's own dtype.
   DType scale_dtype = DType::kUndefined;
-  // Where the result stays: a device backend may keep the codes, scales and integer zero points on the
-  // device (QuantResult::resident) for the MatMulNBits packings that follow, which then read them there:
-  // only what they write comes back. The CPU ignores it (its result is host memory).
-  bool keep_on_backend = false;
   // Read by Backend::rtn only (every other operation has its own arithmetic).
   RtnArithmetic rtn_arithmetic = RtnArithmetic::kModelOpt;
 };
@@ -85,11 +81,16 @@ struct QuantResult {
   // device backend brings them back (half the bytes of `codes`); empty when the backend did not (the
   // CPU, 8 bits). Backend::pack_onnx_codes returns them as they are. `codes` holds the same codes.
   std::vector<uint8_t> packed;
-  // The codes, scales and integer zero points as a device backend kept them (QuantSpec::keep_on_backend):
-  // then `codes`, `packed`, `scales` and `zero_points` are empty (float_zero_points and sq_error come back
-  // as ever), and only that backend's pack_matmulnbits_weight, matmulnbits_scales and
-  // pack_matmulnbits_zero_points read the result.
-  std::shared_ptr<const Buffer> resident{};
+  // The caller's request, set before the operation (the destination's placement): leave the codes, scales
+  // and integer zero points on the backend, for the MatMulNBits packings that follow, which then read them
+  // there (only what they write comes back). The CPU ignores it: its result is host memory.
+  bool keep = false;
+  // What a device kept when asked: the codes [rows, cols] as a tensor whose buffer also holds the scales and
+  // zero points (only that backend's pack_matmulnbits_weight, matmulnbits_scales and
+  // pack_matmulnbits_zero_points read them). `codes`, `packed`, `scales` and `zero_points` are then empty
+  // (float_zero_points and sq_error come back as ever). Empty when nothing was kept (the CPU, or a result
+  // that did not fit beside what the device holds).
+  Tensor kept;
   int64_t groups = 0;                // G = ceil(K / block)
   double sq_error = 0;               // sum over elements of (w - dequant(q))^2
 };

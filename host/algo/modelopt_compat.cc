@@ -29,7 +29,7 @@ namespace {
 
 // The weight of `pw`, held by `kept` on a device backend when given (read by both passes of the search
 // and then by the quantizer: one upload), else the host view.
-Loaded load_kept(OnnxModel& model, const PlannedWeight& pw, kernels::Backend& backend, KeptWeights* kept) {
+Loaded load_held(OnnxModel& model, const PlannedWeight& pw, kernels::Backend& backend, KeptWeights* kept) {
   Loaded l = load(model, pw);
   if (kept) l.w = keep_weight(backend, kept, pw, l.view.data);
   return l;
@@ -46,7 +46,7 @@ std::map<std::string, AwqChoice> search_per_node(OnnxModel& model, const Plan& p
   std::vector<Calibration::GridItem> items;
   for (size_t i = 0; i < total; ++i) {
     const auto& pw = plan.weights[i];
-    Loaded l = load_kept(model, pw, backend, kept);
+    Loaded l = load_held(model, pw, backend, kept);
     const ActivationStats st = calib.stats(pw.activation, true);
     Calibration::GridItem it;
     it.id = "w" + std::to_string(i);
@@ -58,7 +58,7 @@ std::map<std::string, AwqChoice> search_per_node(OnnxModel& model, const Plan& p
   auto grid = calib.numpy_grid(items, alphas);
   for (size_t i = 0; i < total; ++i) {
     const auto& pw = plan.weights[i];
-    Loaded l = load_kept(model, pw, backend, kept);
+    Loaded l = load_held(model, pw, backend, kept);
     ActivationStats st;
     const kernels::GramForm g = grams.get(calib, pw.activation, true, &st);
     const auto& scales = grid.at("w" + std::to_string(i));
@@ -94,7 +94,7 @@ std::map<std::string, AwqChoice> search_per_subgraph(OnnxModel& model, const Pla
     std::vector<Loaded> ws;
     std::vector<kernels::WeightMatrix> mats;
     for (size_t i : idx) {
-      ws.push_back(load_kept(model, plan.weights[i], backend, kept));
+      ws.push_back(load_held(model, plan.weights[i], backend, kept));
       mats.push_back(ws.back().w);
     }
     const ActivationStats st = calib.stats(act, true);
@@ -116,7 +116,7 @@ std::map<std::string, AwqChoice> search_per_subgraph(OnnxModel& model, const Pla
     AwqChoice c;
     c.losses.assign(alphas.size(), 0.0);
     for (size_t i : idx) {
-      Loaded l = load_kept(model, plan.weights[i], backend, kept);
+      Loaded l = load_held(model, plan.weights[i], backend, kept);
       const std::vector<double> li = backend.awq_losses(l.w, pointers(scales), spec_of(plan.weights[i], o), gf, nullptr);
       for (size_t a = 0; a < alphas.size(); ++a) c.losses[a] += li[a];
       model.release(l.view);

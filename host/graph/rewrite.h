@@ -38,7 +38,7 @@ class GraphRewriter {
   // The format emit will use for pw (before quantizing it: float zero points need MatMulNBits).
   Format format_for(const PlannedWeight& pw) const;
   // Whether emit reads pw's result only through the backend's MatMulNBits packings (no host copy of its
-  // codes, scales or integer zero points): then a device may keep them (QuantSpec::keep_on_backend).
+  // codes, scales or integer zero points): then a device may keep them (QuantResult::keep).
   bool packs_on_backend(const PlannedWeight& pw, const kernels::QuantSpec& spec) const;
 
   // An embedding table tied to a weight already emitted as MatMulNBits: its Gathers become

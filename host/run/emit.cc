@@ -33,6 +33,7 @@ struct Prepared {
   kernels::WeightMatrix w;
   kernels::QuantSpec spec;
   std::vector<uint8_t> buffer;
+  bool keep_result = false;  // the result may stay on the backend (QuantResult::keep)
 };
 
 // `w` may carry the backend's kept copy of the weight (KeptWeights): then nothing uploads it again.
@@ -88,6 +89,7 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
                               const std::vector<float>* s, Searched& searched, bool float_zero_point,
                               kernels::Backend& backend) {
   kernels::QuantResult q;
+  q.keep = p.keep_result;
   if (searched.replay) return placeholder(pw, p.spec, float_zero_point);
   if (searched.gptq) {
     searched.gptq->quantize(pw, p.w, p.spec, s, q);
@@ -192,7 +194,7 @@ bool read_as_stored(const QuantizeOptions& o, const PlannedWeight& pw, const Sea
          !scales.count(pw.weight) && !column_divisors.count(pw.weight);
 }
 
-// The next weight, put on the backend before the current one is quantized (Backend::keep enqueues its
+// The next weight, put on the backend before the current one is quantized (Backend::upload enqueues its
 // upload and returns at once): on a device its upload runs while the current weight computes and comes
 // back. The CPU keeps nothing; a device that cannot hold two weights beside the work returns it as it was.
 struct Ahead {
@@ -249,7 +251,7 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
   if (j.kept.buffer) j.p.w = j.kept;  // kept ahead (read_as_stored): the backend reads its own copy
   // MatMulNBits: a device keeps the codes for the packing, which reads them there (only its output comes
   // back); not when the host needs them (the quantized layers fed forward, a replay's placeholder).
-  j.p.spec.keep_on_backend =
+  j.p.keep_result =
       !c.searched.on_quantized && !c.searched.replay && c.rewriter.packs_on_backend(pw, j.p.spec);
   j.float_zero_point = writes_float_zero_point(c.o, pw, c.rewriter);
   return j;

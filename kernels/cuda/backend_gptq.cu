@@ -255,10 +255,10 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
                          uint64_t(sw.R) * 4 + uint64_t(num_blocks(N, kChunk) + 1) * 8;
   // MatMulNBits: the result stays on the device for the packings (allocated first, the panels beside it)
   // where one chunk of the sweep still fits beside it; else it comes back as ever.
-  QuantSpec where = spec;
-  int64_t width = gptq_width(w, spec, sw, fixed + result_bytes(w, spec));
-  if (width == 0 && result_bytes(w, spec)) {
-    where.keep_on_backend = false;
+  bool keep = out.keep;
+  int64_t width = gptq_width(w, spec, sw, fixed + result_bytes(w, spec, keep));
+  if (width == 0 && result_bytes(w, spec, keep)) {
+    keep = false;
     width = gptq_width(w, spec, sw, fixed);
   }
   if (width == 0)
@@ -270,7 +270,7 @@ void CudaBackend::gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, co
     });
   const OpScope op(*dev_, "gptq_quantize");
   dev_->count_flops(double(K) * double(K) * double(N));  // the updates: K² N over the triangle
-  std::shared_ptr<DeviceResult> kept_result = result_buffers(w, where);
+  std::shared_ptr<DeviceResult> kept_result = result_buffers(w, spec, keep);
   sw.arr = gptq_arrays(f);
   sw.fix = upload(fix.data(), fix.size());
   sw.ratios = upload(opt.ratios.data(), opt.ratios.size());
@@ -316,7 +316,7 @@ void CudaBackend::gptq_panels(const WeightMatrix& w, const QuantSpec& spec, cons
   DeviceBuffer<double> total(*dev_, 1);  // the chunks' sums in order, as the CPU adds them
   launch(*dev_, 1, RowSumBody{chunk_error.get(), chunks, total.get()});
   out.sq_error = download(total)[0];
-  out.resident = std::move(kept_result);
+  out.kept = kept_tensor(w, std::move(kept_result));
 }
 
 GptqFactor CudaBackend::gptq_host_factor(const GptqFactor& f) {

@@ -58,7 +58,7 @@ struct DeviceArray final : Buffer {
   uint8_t* ptr() const { return piece ? piece->p : data.get(); }
 };
 
-// A quantization result kept on the device for the MatMulNBits packings (QuantSpec::keep_on_backend):
+// A quantization result kept on the device for the MatMulNBits packings (QuantResult::keep):
 // the whole weight's codes (one a byte), float32 scales and integer zero points, laid out as QuantResult's.
 struct DeviceResult final : Buffer {
   const void* owner = nullptr;
@@ -135,12 +135,14 @@ class CudaBackend final : public Backend {
     QuantResult& out;
     std::vector<uint16_t> scales16;
     DeviceBuffer<double> err_n;  // per column [N], on the device: only their sum comes back
-    DeviceResult* kept = nullptr;  // the result stays on the device (QuantSpec::keep_on_backend)
+    DeviceResult* kept = nullptr;  // the result stays on the device (QuantResult::keep)
   };
   // The whole result's arrays on the device when the spec asks to keep it and they fit (else null), and
   // their bytes (0 where result_buffers would give null).
-  std::shared_ptr<DeviceResult> result_buffers(const WeightMatrix& w, const QuantSpec& spec);
-  uint64_t result_bytes(const WeightMatrix& w, const QuantSpec& spec) const;
+  std::shared_ptr<DeviceResult> result_buffers(const WeightMatrix& w, const QuantSpec& spec, bool keep);
+  uint64_t result_bytes(const WeightMatrix& w, const QuantSpec& spec, bool keep) const;
+  // A kept result as QuantResult::kept holds it (the codes' tensor, its buffer the whole result).
+  Tensor kept_tensor(const WeightMatrix& w, std::shared_ptr<DeviceResult> r) const;
   // A panel's codes, scales and zero points into the kept result's arrays (on the device, not in the ledger).
   void store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
                    DeviceResult& r);
@@ -181,7 +183,7 @@ class CudaBackend final : public Backend {
   void gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s, double damp, double* h);
   void upper_in_place(double* a, int64_t K);
   int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;
-  // The sweep's column panels; their results go into `kept_result` where it is given (it becomes out.resident).
+  // The sweep's column panels; their results go into `kept_result` where it is given (it becomes out.kept).
   void gptq_panels(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, int64_t width,
                    std::shared_ptr<DeviceResult> kept_result, QuantResult& out);
   void gptq_panel(const GptqSweep& sw, const WeightMatrix& w, const Panel& pnl, DeviceQuant& q, double* chunk_error);

@@ -131,17 +131,17 @@ void CudaBackend::download_quant(const WeightMatrix& w, const Panel& p, const Qu
   }
 }
 
-uint64_t CudaBackend::result_bytes(const WeightMatrix& w, const QuantSpec& spec) const {
-  if (!spec.keep_on_backend) return 0;
+uint64_t CudaBackend::result_bytes(const WeightMatrix& w, const QuantSpec& spec, bool keep) const {
+  if (!keep) return 0;
   const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
   const uint64_t bytes = uint64_t(n) + uint64_t(GN) * (4 + (spec.zero_point ? 1 : 0));
-  // Half the budget at most with what is held (as keep()): the panels that compute it need the rest.
+  // Half the budget at most with what is held (as upload()): the panels that compute it need the rest.
   if (dev_->in_use_live() + bytes + 16 * 1024 > dev_->budget() / 2) return 0;  // comes back as ever
   return bytes;
 }
 
-std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w, const QuantSpec& spec) {
-  if (!result_bytes(w, spec)) return {};
+std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w, const QuantSpec& spec, bool keep) {
+  if (!result_bytes(w, spec, keep)) return {};
   const int64_t n = w.rows * w.cols, GN = num_blocks(w.K(), spec.block) * w.N();
   auto r = std::make_shared<DeviceResult>();
   r->owner = this;
@@ -153,8 +153,15 @@ std::shared_ptr<DeviceResult> CudaBackend::result_buffers(const WeightMatrix& w,
 }
 
 const DeviceResult* CudaBackend::kept_result(const QuantResult& q) const {
-  const auto* r = dynamic_cast<const DeviceResult*>(q.resident.get());
+  const auto* r = dynamic_cast<const DeviceResult*>(q.kept.buffer.get());
   return r && r->owner == this ? r : nullptr;
+}
+
+Tensor CudaBackend::kept_tensor(const WeightMatrix& w, std::shared_ptr<DeviceResult> r) const {
+  if (!r) return {};
+  Tensor t{DType::kUInt8, {w.rows, w.cols}, nullptr, {}};
+  t.buffer = std::move(r);
+  return t;
 }
 
 void CudaBackend::store_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, const DeviceQuant& q,
@@ -194,7 +201,7 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
   // Kept on the device for the packings (allocated first: the panels fit beside it), else brought back.
-  std::shared_ptr<DeviceResult> kept = result_buffers(w, spec);
+  std::shared_ptr<DeviceResult> kept = result_buffers(w, spec, out.keep);
   out.codes.assign(kept ? 0 : size_t(w.rows * w.cols), 0);
   out.scales.assign(kept ? 0 : size_t(G * N), 0.0f);
   out.zero_points.assign(spec.zero_point && !kept ? size_t(G * N) : 0, 0);
@@ -224,7 +231,7 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   DeviceBuffer<double> total(*dev_, 1);
   launch(*dev_, 1, RowSumBody{h.err_n.get(), N, total.get()});
   out.sq_error = download(total)[0];
-  out.resident = std::move(kept);
+  out.kept = kept_tensor(w, std::move(kept));
 }
 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {

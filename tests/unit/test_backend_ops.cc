@@ -207,7 +207,7 @@ TEST(CudaEmulated, LinAlgIsColumnMajorBlas) {
   EXPECT_GT(la->dpotrf(gpu::Fill::kLower, 2, Q.data(), 2), 0);
 }
 
-// The Gram clip search in column panels (a 3 MiB device for a 900 KB weight, its Gram blocks resident):
+// The Gram clip search in column panels (a 3 MiB device for a 900 KB weight, its Gram blocks on it):
 // the same choices as the reference, and as one panel holding every column.
 TEST(CudaEmulated, GramClipSearchStreamsInPanels) {
   if (!cuda_emulated_compiled()) GTEST_SKIP() << "no CCCL headers at configure time";

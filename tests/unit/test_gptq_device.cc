@@ -278,7 +278,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   expect_same(want_k, back);
 }
 
-// MatMulNBits (spec.keep_on_backend): the sweep leaves the codes, scales and zero points on the device and
+// MatMulNBits (QuantResult::keep): the sweep leaves the codes, scales and zero points on the device and
 // the packings read them there, giving the CPU's bytes: only the error sum comes back from the sweep, and
 // nothing goes up for the packings. Both layouts, with and without zero points, in 128-column panels. A
 // device whose memory is mostly held (two kept Cholesky factors) has no room for the result beside the
@@ -294,7 +294,6 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
         SCOPED_TRACE("k_axis " + std::to_string(k_axis) + (zp ? " zp" : " sym") + (held ? " held" : ""));
         const Weight w(DType::kFloat16, K, N, k_axis, 11);
         QuantSpec spec{4, B, zp};
-        spec.keep_on_backend = true;
         const uint64_t budget = held ? uint64_t(1536) << 10 : uint64_t(64) << 20;
         auto gpu = emulated(budget);
         const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
@@ -307,6 +306,7 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
           ASSERT_TRUE(holds.back().upper.buffer);
         }
         QuantResult want, got;
+        got.keep = true;
         cpu->gptq_quantize(w.m, spec, fc, options(128), want);
         gpu->gptq_quantize(w.m, spec, fg, options(128), got);
         EXPECT_EQ(0, std::memcmp(&want.sq_error, &got.sq_error, 8));
@@ -320,11 +320,11 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
         EXPECT_FALSE(q.host_fallback);
         EXPECT_LE(gpu->device_memory().peak, budget);
         if (held) {
-          EXPECT_FALSE(got.resident);
+          EXPECT_TRUE(got.kept.empty());
           expect_same(want, got);
           continue;
         }
-        ASSERT_TRUE(got.resident);
+        ASSERT_TRUE(got.kept.buffer);
         EXPECT_TRUE(got.codes.empty() && got.packed.empty() && got.scales.empty() && got.zero_points.empty());
         EXPECT_EQ(q.d2h_bytes, 8u);  // the error sum alone
         for (const char* o : {"pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points"})

@@ -137,7 +137,7 @@ TEST(Rtn, OnnxRuntimeSymmetricHandComputed) {
   EXPECT_EQ(signed_codes(q)[1], 7);
   // A partial block (K = 5, block 4): the last block holds one value, its own extreme.
   w = {1, 2, 3, 4, -0.5f};
-  q = run(w, 5, 1, 0, QuantSpec{4, 4, false, DType::kUndefined, false, RtnArithmetic::kOnnxRuntime});
+  q = run(w, 5, 1, 0, QuantSpec{4, 4, false, DType::kUndefined, RtnArithmetic::kOnnxRuntime});
   EXPECT_EQ(q.scales[0], -0.5f);
   EXPECT_EQ(q.scales[1], 0.0625f);
   EXPECT_EQ(signed_codes(q)[4], -8);

@@ -349,12 +349,12 @@ TEST(TransferLedger, HeldWeightsShareOneRoom) {
 
 namespace {
 
-// The MatMulNBits packings of a result the device kept (spec.keep_on_backend) against the CPU's.
+// The MatMulNBits packings of a result the device kept (QuantResult::keep) against the CPU's.
 void expect_kept_result_packs_as_the_cpu(const WeightMatrix& wm, bool zero_point, uint64_t budget) {
   auto gpu = emulated(budget);
   QuantSpec spec{4, kBlock, zero_point};
-  spec.keep_on_backend = true;
   QuantResult got, want;
+  got.keep = true;
   if (zero_point) {
     gpu->hqq(wm, spec, HqqOptions{}, got);
     make_cpu_backend()->hqq(wm, spec, HqqOptions{}, want);
@@ -362,7 +362,7 @@ void expect_kept_result_packs_as_the_cpu(const WeightMatrix& wm, bool zero_point
     gpu->rtn_lsq(wm, spec, RtnSearchOptions{FitWeight::kMagnitude}, got);
     make_cpu_backend()->rtn_lsq(wm, spec, RtnSearchOptions{FitWeight::kMagnitude}, want);
   }
-  ASSERT_TRUE(got.resident);
+  ASSERT_TRUE(got.kept.buffer);
   EXPECT_TRUE(got.codes.empty() && got.packed.empty() && got.scales.empty() && got.zero_points.empty());
   EXPECT_EQ(got.sq_error, want.sq_error);
   EXPECT_EQ(got.groups, want.groups);
@@ -407,13 +407,13 @@ TEST(TransferLedger, KeptResultOfANonFiniteWeightHasANonFiniteError) {
   auto gpu = emulated();
   for (bool zp : {false, true}) {
     QuantSpec spec{4, kBlock, zp};
-    spec.keep_on_backend = true;
     QuantResult q;
+    q.keep = true;
     if (zp)
       gpu->hqq(w.m, spec, HqqOptions{}, q);
     else
       gpu->rtn_lsq(w.m, spec, RtnSearchOptions{FitWeight::kMagnitude}, q);
-    ASSERT_TRUE(q.resident);
+    ASSERT_TRUE(q.kept.buffer);
     EXPECT_FALSE(std::isfinite(q.sq_error)) << "zp " << zp;
   }
 }

@@ -108,6 +108,12 @@ std::vector<uint8_t> CudaBackend::download(const Tensor& t) {
     dev_->to_host(out.data(), d + mine(t.buffer)->offset, out.size());
     return out;
   }
+  const auto* r = dynamic_cast<const DeviceResult*>(t.buffer.get());  // a kept quantization result: its codes
+  if (r && r->owner == this && r->codes.bytes() == out.size()) {
+    dev_->synchronize();
+    dev_->to_host(out.data(), r->codes.get(), out.size());
+    return out;
+  }
   if (!t.data) throw std::invalid_argument("download: a tensor with neither host bytes nor this backend's buffer");
   std::memcpy(out.data(), t.data, out.size());
   return out;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Runs NVIDIA ModelOpt's ONNX INT4 quantizer (nvidia-modelopt 0.47.0) on CPU, the way its ORT-GenAI
-example does (examples/windows/onnx_ptq/genai_llm/quantize.py), and saves the result like that example.
+"""Runs NVIDIA ModelOpt's ONNX INT4 quantizer (nvidia-modelopt 0.47.0) on CPU (on a GPU where the venv
+has CuPy: bench/gpu_check), the way its ORT-GenAI example does (examples/windows/onnx_ptq/genai_llm/quantize.py), and saves the result like that example.
 
 Run with the lean ModelOpt venv made by scripts/setup_peers:
 
@@ -10,7 +10,7 @@ Run with the lean ModelOpt venv made by scripts/setup_peers:
         [--enable_mixed_quant] [--layers_8bit PATTERNS]
 
 What is called: ``modelopt.onnx.quantization.int4.quantize(IN, calibration_method=algo,
-calibration_data_reader=..., calibration_eps=['cpu'], use_zero_point=..., block_size=...,
+calibration_data_reader=..., calibration_eps=['cpu'] (--calibration_eps), use_zero_point=..., block_size=...,
 nodes_to_exclude=['/lm_head'])``; every other argument is left at the API default
 (awqlite_fuse_nodes=True, alpha steps, awqclip_bsz_col 1024, ...), plus
 ``enable_fast_path_using_high_sysram=True`` for awq_lite/awq_full (same output, one ORT run per sample
@@ -205,6 +205,9 @@ def main():
     ap.add_argument("--enable_mixed_quant", action="store_true",
                     help="enable_mixed_quant=True: ModelOpt's default INT8 layer choice")
     ap.add_argument("--layers_8bit", default="", help="layers_8bit=... (comma-separated patterns, §7.2)")
+    ap.add_argument("--calibration_eps", default="cpu",
+                    help="ONNX Runtime providers for calibration, comma-separated: cpu, cuda (cuda:0), dml, trt "
+                         "(ModelOpt's calibration_eps; cuda needs onnxruntime-gpu)")
     ap.add_argument("--log_level", default="INFO")
     ap.add_argument("--timings_json", help="write {load_s, quantize_s, save_s} here")
     args = ap.parse_args()
@@ -234,7 +237,7 @@ def main():
         args.onnx_path,
         calibration_method=args.algo,
         calibration_data_reader=calib,
-        calibration_eps=["cpu"],
+        calibration_eps=[e if e != "cuda" else "cuda:0" for e in args.calibration_eps.split(",")],
         use_zero_point=args.use_zero_point,
         block_size=args.block_size,
         nodes_to_exclude=args.exclude if args.exclude else ["/lm_head"],

@@ -145,6 +145,9 @@ struct OpTransfers {
   uint64_t prefetch_bytes = 0;
   uint64_t prefetches_overlapped = 0;
   uint64_t prefetch_bytes_overlapped = 0;
+  // The most uploads through the staging ring enqueued and not yet waited for while the host filled the
+  // next staging buffer: how deep the ring ran (a maximum over the calls, not a sum).
+  uint64_t uploads_in_flight = 0;
 };
 
 // The ledger of a run: totals and one entry per operation name (the Backend method's name).

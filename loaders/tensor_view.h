@@ -33,6 +33,7 @@ struct TensorView {
   ExternalRef ref;                                // when external
   std::shared_ptr<std::vector<uint8_t>> owned;    // when converted from a typed field
   std::shared_ptr<std::vector<uint64_t>> aligned_copy;  // external data at a misaligned offset
+  std::shared_ptr<const uint8_t> buffer;  // external data read ahead into a reused buffer (WeightStream)
 };
 
 // Element count of a tensor's dims, checked: negative dims and overflow throw Error.

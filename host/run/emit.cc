@@ -10,7 +10,9 @@
 #include "host/graph/awq_place.h"
 #include "host/run/progress.h"
 #include "host/run/stages.h"
+#include "kernels/parallel.h"
 #include "loaders/error.h"
+#include "loaders/weight_stream.h"
 
 namespace nibble {
 namespace {
@@ -210,6 +212,7 @@ struct EmitContext {
   Searched& searched;
   GraphRewriter& rewriter;
   kernels::Backend& backend;
+  WeightStream& stream;  // the weights' bytes, read one ahead
   std::map<std::string, std::vector<float>> scales, column_divisors;
   bool zero_point = false;
 };
@@ -233,13 +236,13 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
   const std::vector<PlannedWeight>& weights = c.planned.plan.weights;
   const PlannedWeight& pw = weights[i];
   Job j{std::chrono::steady_clock::now(), {}, {}, {}, nullptr, nullptr, false, {}};
-  j.view = ahead.view ? std::move(*ahead.view) : c.model.view(*c.model.initializer(pw.weight));
+  j.view = ahead.view ? std::move(*ahead.view) : c.stream.take(i);
   j.kept = std::move(ahead.kept);
   ahead = Ahead{};
   if (keep_next && i + 1 < weights.size() && !c.searched.kept.holds(weights[i + 1].weight) &&
       read_as_stored(c.o, weights[i + 1], c.searched, c.scales, c.column_divisors)) {
     const PlannedWeight& nw = weights[i + 1];
-    ahead.view = c.model.view(*c.model.initializer(nw.weight));
+    ahead.view = c.stream.take(i + 1);
     ahead.kept = c.backend.upload_weight(kernels::WeightMatrix{nw.dtype, ahead.view->data, nw.rows, nw.cols, nw.k_axis, {}});
   }
   const auto s = c.scales.find(pw.weight);
@@ -263,6 +266,19 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
 bool quantizes_beside_write(const EmitContext& c, size_t i) {
   return c.backend.takes_concurrent_calls() && !c.searched.on_quantized &&
          read_as_stored(c.o, c.planned.plan.weights[i], c.searched, c.scales, c.column_divisors);
+}
+
+// The plan's weights in the order emit_stage takes them, each read ahead into a buffer unless nothing
+// reads its bytes: a replayed layer's (the writer copies the stopped run's) or a copy the device kept.
+// Readers: the run's threads, at most 8 (more do not read a page cache faster).
+WeightStream weight_stream(OnnxModel& model, const Plan& plan, const Searched& searched) {
+  std::vector<std::string> names;
+  std::vector<bool> read;
+  for (const auto& pw : plan.weights) {
+    names.push_back(pw.weight);
+    read.push_back(!searched.replay && !searched.kept.holds(pw.weight));
+  }
+  return WeightStream(model, std::move(names), std::move(read), std::min(kernels::num_threads(), 8));
 }
 
 // The run's one line before the weights: what is quantized, to what.
@@ -342,7 +358,8 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     for (const auto& pw : *list) e.bytes_in += uint64_t(pw.rows * pw.cols) * dtype_size(pw.dtype);
   log_plan(o, planned, e.bytes_in);
   e.zero_point = writes_zero_point(o);
-  EmitContext c{o, model, planned, searched, rewriter, backend, {}, {}, e.zero_point};
+  WeightStream stream = weight_stream(model, plan, searched);
+  EmitContext c{o, model, planned, searched, rewriter, backend, stream, {}, {}, e.zero_point};
   for (const auto& [name, choice] : searched.choices) c.scales[name] = choice.scale;
   if (o.searches_scales())
     c.column_divisors = place_awq_scales(model, plan, c.scales, rewriter, backend, !o.awqlite_disable_fuse_nodes);
@@ -378,6 +395,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   for (const auto& pw : plan.gathers)
     emit_table(o, model, pw, c.scales, c.column_divisors, rewriter, backend, e, progress);
   progress.finish();
+  e.read = stream.stats();
   return e;
 }
 

@@ -105,6 +105,12 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"genai_files", c.companions},
                              {"layer_pass", layer_pass}}}};
   report["summary"]["stage_seconds"] = stage_seconds_json(o, t);
+  // How fast the weights came from their files (bytes over the reads' wall time), and how long the
+  // quantizer waited for them: where the reads are what bounds a run, these say so.
+  report["summary"]["read_gbps"] = e.read.gbps();
+  report["summary"]["read"] = {{"bytes", e.read.bytes},       {"tensors", e.read.tensors},
+                               {"seconds", e.read.seconds},   {"wait_seconds", e.read.wait_seconds},
+                               {"threads", e.read.threads}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
   if (ledger) report["summary"]["device"] = ledger_to_json(*ledger);
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {

@@ -70,6 +70,7 @@ void add(Emitted& total, const Emitted& e) {
   total.zero_point = e.zero_point;
   total.calibrate_seconds += e.calibrate_seconds;
   total.search_seconds += e.search_seconds;
+  total.read.add(e.read);
 }
 
 template <typename T>

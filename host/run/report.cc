@@ -76,7 +76,8 @@ nlohmann::json ledger_to_json(const kernels::TransferLedger& l) {
                           {"prefetches", t.prefetches},
                           {"prefetch_bytes", t.prefetch_bytes},
                           {"prefetches_overlapped", t.prefetches_overlapped},
-                          {"prefetch_bytes_overlapped", t.prefetch_bytes_overlapped}};
+                          {"prefetch_bytes_overlapped", t.prefetch_bytes_overlapped},
+                          {"uploads_in_flight", t.uploads_in_flight}};
   };
   for (const auto& [name, t] : l.ops) {
     ops[name] = {{"calls", t.calls},       {"h2d_bytes", t.h2d_bytes}, {"d2h_bytes", t.d2h_bytes},

@@ -24,6 +24,7 @@
 #include "kernels/backend.h"
 #include "loaders/model_writer.h"
 #include "loaders/onnx_model.h"
+#include "loaders/parallel_read.h"
 
 namespace nibble {
 
@@ -84,6 +85,7 @@ struct Emitted {
   bool zero_point = false;
   // Layer by layer: where the layers' time went (calibration of each layer, its search), summed.
   double calibrate_seconds = 0, search_seconds = 0;
+  ReadStats read;  // how the weights were read from their files
 };
 Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, Searched& searched,
                    GraphRewriter& rewriter, kernels::Backend& backend);

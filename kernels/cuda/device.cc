@@ -193,10 +193,21 @@ void DeviceLayer::stage_in(Lane lane, void* dst, size_t dpitch, const void* src,
     const int s = next_slot_[lane];
     next_slot_[lane] = (s + 1) % kStagingSlots;
     slot_wait(lane, s);  // its previous DMA has read it
+    in_flight_[lane][s] = false;
+    uint64_t others = 0;
+    for (bool b : in_flight_[lane]) others += b;
+    if (others > in_flight_peak_[lane].load()) in_flight_peak_[lane] = others;  // this lane's thread only writes it
     uint8_t* buf = slot_for(lane, s);
     copy_rows(buf, p.width, static_cast<const uint8_t*>(src) + p.r0 * spitch + p.c0, spitch, p.width, p.rows);
     slot_to_device(lane, s, static_cast<uint8_t*>(dst) + p.r0 * dpitch + p.c0, dpitch, p.width, p.rows);
+    in_flight_[lane][s] = true;
   });
+}
+
+void DeviceLayer::take_in_flight_peak(Lane lane, OpTransfers* op) {
+  const uint64_t peak = in_flight_peak_[lane].exchange(0);
+  for (OpTransfers* t : {&ledger_.total, op ? op : &ledger_.ops["(outside an operation)"]})
+    t->uploads_in_flight = std::max(t->uploads_in_flight, peak);
 }
 
 void DeviceLayer::stage_out(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
@@ -219,6 +230,8 @@ void DeviceLayer::stage_out(void* dst, size_t dpitch, const void* src, size_t sp
     if (j + kStagingSlots < pieces.size()) issue(j + kStagingSlots);
   }
   next_slot_[kCopyLane] = slot_of(pieces.size());
+  // The copy stream has passed its last copy, and every upload it ran before.
+  for (bool& b : in_flight_[kCopyLane]) b = false;
 }
 
 void DeviceLayer::count_staged(uint64_t bytes, uint64_t chunks) {
@@ -238,6 +251,7 @@ void DeviceLayer::to_device_2d(void* dst, size_t dpitch, const void* src, size_t
   count_staged(n, chunks_of(width, height, chunk_));
   copy_after_compute();  // a buffer the compute stream still reads is not overwritten under it
   stage_in(kCopyLane, dst, dpitch, src, spitch, width, height);
+  take_in_flight_peak(kCopyLane, op_);
   compute_after_copy();
 }
 
@@ -274,7 +288,8 @@ void DeviceLayer::await_prefetch(uint64_t ticket) {
       t->prefetch_bytes_overlapped += r.bytes;
     }
   }
-  compute_after_prefetch(ticket);
+  compute_after_prefetch(ticket);  // its copies are issued: the lane's depth is known
+  take_in_flight_peak(kPrefetchLane, r.op);
 }
 
 void DeviceLayer::count_launch(uint64_t n) {

@@ -6,7 +6,8 @@
 //
 // Copies overlap compute. Every host <-> device copy goes through a small ring of pinned staging
 // buffers (kStagingSlots of staging_chunk() bytes per lane, allocated once), in chunks: filling slot
-// i + 1 from the host's (often memory-mapped, pageable) pages overlaps the DMA of slot i. Three streams:
+// i + 2 from the host's pages overlaps the DMAs of slots i and i + 1, so the bus has a chunk queued while
+// another moves (the ledger's uploads_in_flight says how deep the ring ran). Three streams:
 // the compute stream (kernels, BLAS, device copies), the copy stream (the operations' own uploads and
 // downloads, ordered against the compute stream by events) and the prefetch stream (Backend::upload's
 // uploads, issued by a host thread of their own, so that the next weight goes up while this one
@@ -14,6 +15,7 @@
 // at once: the ledger counts the same bytes, chunks and prefetches either way.
 #pragma once
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,9 +51,9 @@ class Prefetch {
 
 class DeviceLayer {
  public:
-  // Bytes of one staging buffer (a chunk of a copy); two per lane.
+  // Bytes of one staging buffer (a chunk of a copy); three per lane.
   static constexpr size_t kDefaultStagingChunk = size_t(16) << 20;
-  static constexpr int kStagingSlots = 2;
+  static constexpr int kStagingSlots = 3;
 
   explicit DeviceLayer(uint64_t budget, size_t staging_chunk = kDefaultStagingChunk);
   virtual ~DeviceLayer();
@@ -153,8 +155,9 @@ class DeviceLayer {
   // A launch was counted (the emulated device's test hook).
   virtual void on_launch() {}
 
-  // Copies host rows through the lane's staging ring to the device (chunked; the last DMA may still
-  // run when it returns). Touches no ledger: a prefetch's thread calls it.
+  // Copies host rows through the lane's staging ring to the device (chunked; the last DMAs may still
+  // run when it returns). Touches no ledger: a prefetch's thread calls it (the depth of the ring it used
+  // goes to the lane's peak, which the ledger takes on the host's thread: take_in_flight_peak).
   void stage_in(Lane lane, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
   // Copies device rows back through the copy lane's ring: two chunks in flight while the host empties one.
   void stage_out(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
@@ -175,6 +178,8 @@ class DeviceLayer {
     OpTransfers* op;
   };
   void count(uint64_t OpTransfers::*field, uint64_t n);
+  // The lane's deepest ring since the last call, into the ledger's uploads_in_flight (a maximum) of `op`.
+  void take_in_flight_peak(Lane lane, OpTransfers* op);
   void count_staged(uint64_t bytes, uint64_t chunks);
   uint8_t* slot_for(Lane lane, int slot);
 
@@ -186,6 +191,10 @@ class DeviceLayer {
   std::multimap<size_t, Pooled> pool_;  // counted size -> free block
   uint8_t* ring_[kLanes][kStagingSlots] = {};
   int next_slot_[kLanes] = {};
+  // A DMA from the slot was enqueued and the host has not waited for it since; each lane's own thread
+  // only. The peak: the most such uploads while the host filled a slot.
+  bool in_flight_[kLanes][kStagingSlots] = {};
+  std::atomic<uint64_t> in_flight_peak_[kLanes] = {};
   uint64_t next_ticket_ = 1;
   std::map<uint64_t, PrefetchRecord> prefetches_;  // enqueued, not yet awaited
   TransferLedger ledger_;

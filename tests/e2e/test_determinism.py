@@ -68,8 +68,10 @@ def test_report_is_deterministic_apart_from_timings(nibble, shaped, tmp_path):
         r = json.loads(rep.read_text())
         for w in r["weights"]:
             w.pop("seconds", None)
-        for k in ("seconds", "fsync_seconds", "stage_seconds", "peak_rss_bytes"):
+        for k in ("seconds", "fsync_seconds", "stage_seconds", "peak_rss_bytes", "read_gbps"):
             r["summary"].pop(k, None)
+        for k in ("seconds", "wait_seconds", "threads"):  # the reads' timings and reader threads (--threads)
+            r["summary"]["read"].pop(k)
         r["options"].pop("threads", None)
         r["options"].pop("output_path", None)
         r["options"].pop("report", None)

@@ -49,8 +49,9 @@ def test_wheel_dependencies_are_the_runtime_requirements():
 @needs_wheel
 def test_wheel_is_manylinux_with_no_external_libraries():
     assert WHEEL, "NIBBLE_WHEEL is not set: scripts/test_wheel sets it to the repaired wheel"
+    # The timeout only guards against a hang: auditwheel reads every library (minutes on a loaded 2-core machine).
     r = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", WHEEL],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     show = json.loads(r.stdout)
     assert show["overall_tag"].startswith("manylinux_"), show["overall_tag"]

@@ -11,6 +11,10 @@
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#endif
+
 // One copy of the kernels per instruction set. The portable copy is plain C++ (SSE2 on x86-64);
 // with GCC on x86 the same source is also compiled for AVX2 and for AVX-512 (`#pragma GCC
 // target`: only the functions defined in between get the wider ISA, so no inline function shared
@@ -32,6 +36,7 @@ namespace {
 #ifdef NIBBLE_RTN_X86_CLONES
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
+#define NIBBLE_RTN_F16C 1  // load_row / round_row convert fp16 with F16C
 namespace avx2 {
 namespace {
 #include "kernels/cpu/rtn_fast_kernels.inc"
@@ -46,6 +51,7 @@ namespace {
 #include "kernels/cpu/rtn_fast_kernels.inc"
 }  // namespace
 }  // namespace avx512
+#undef NIBBLE_RTN_F16C
 #pragma GCC pop_options
 #endif
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "calib/calib_cache.h"
+#include "calib/capture_server.h"
 #include "kernels/quant_types.h"
 #include "loaders/content_hash.h"
 #include "loaders/external_data.h"
@@ -232,7 +233,7 @@ nlohmann::json cache_settings(const CalibrationOptions& o, const std::string& mo
 // calib/capture.py's command line for these options.
 std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::string& model_path, const fs::path& dir,
                                       bool mask_padding, const CalibrationExtras& extras) {
-  std::vector<std::string> argv = {python_executable(), capture_script(), "capture",
+  std::vector<std::string> argv = {"capture",
                                    "--model", model_path, "--out", dir.string(),
                                    "--activations", (dir / "activations.json").string(),
                                    "--calib_size", std::to_string(o.calib_size),
@@ -296,7 +297,7 @@ std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const
       std::ofstream f(fs::path(out) / "activations.json");
       f << req.dump();
     }
-    run_child(capture_argv(o, model_path, out, mask_padding, extras), "calibration: ", o.quiet);
+    run_capture(capture_argv(o, model_path, out, mask_padding, extras), o.quiet);
     if (cached) c->dir_ = c->cache_->commit();
   }
   c->read_index(acts);
@@ -318,7 +319,7 @@ void Calibration::advance(const CalibrationOptions& o, const std::string& model_
     }
     auto argv = capture_argv(o, model_path, dir, false, extras);
     argv.push_back("--layer_advance");
-    run_child(argv, "calibration: ", o.quiet);
+    run_capture(argv, o.quiet);
   } catch (...) {
     fs::remove_all(dir, ec);
     throw;
@@ -460,9 +461,7 @@ std::map<std::string, std::vector<std::vector<float>>> Calibration::numpy_grid(c
     std::ofstream f(dir / "request.json");
     f << req.dump();
   }
-  run_child({python_executable(), capture_script(), "grid", "--request", (dir / "request.json").string(), "--out",
-             dir.string()},
-            "calibration: ", true);
+  run_capture({"grid", "--request", (dir / "request.json").string(), "--out", dir.string()}, true);
   std::map<std::string, std::vector<std::vector<float>>> out;
   for (const auto& it : items) {
     const size_t K = it.x_mean.size();

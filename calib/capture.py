@@ -3,6 +3,7 @@
 
     capture.py capture --model IN.onnx --out DIR --activations ACTS.json [options]
     capture.py grid --request REQ.json --out DIR
+    capture.py serve      (nibble's: one capture or grid per line on stdin, exit codes on fd 3)
 
 `capture` runs the float model with every requested activation added as a graph output, ONE forward
 pass per calibration batch for all of them, and streams per-activation statistics into DIR:
@@ -180,5 +181,30 @@ def main(argv=None) -> int:
         return 2
 
 
+def serve() -> int:
+    """`capture.py serve` (what nibble runs, calib/capture_server.cc): one request per line on stdin, a JSON
+    array of the arguments of one `capture` or `grid` command, run as main() runs them; after each, its
+    exit code as one line on fd 3 (stderr carries the same lines as a child of its own would write).
+    The imports and ONNX Runtime's start are paid once for a whole layer-by-layer run. Ends at EOF."""
+    import gc
+    import json
+    _die_with_parent()
+    replies = os.fdopen(3, "w", buffering=1)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            rc = main(json.loads(line))
+        except SystemExit as e:  # argparse's --help
+            rc = e.code if isinstance(e.code, int) else 2
+        except Exception as e:  # noqa: BLE001 - a request that is not a JSON array
+            print(f"calibration: internal error: bad request ({first_line(e)})", file=sys.stderr, flush=True)
+            rc = 2
+        gc.collect()   # one layer's arrays and session gone before the next request
+        sys.stderr.flush()
+        replies.write(f"{rc}\n")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve() if sys.argv[1:] == ["serve"] else main())

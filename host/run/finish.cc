@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "calib/capture_server.h"
 #include "host/run/progress.h"
 #include "host/run/report.h"
 #include "host/run/stages.h"
@@ -101,6 +102,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"mse", e.sq_error / double(e.elements)},
                              {"seconds", secs},
                              {"fsync_seconds", fsync_seconds()},
+                             {"calibration_processes", capture_processes_started()},
                              {"peak_rss_bytes", peak_rss_bytes()},
                              {"genai_files", c.companions},
                              {"layer_pass", layer_pass}}}};

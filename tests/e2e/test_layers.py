@@ -362,3 +362,21 @@ def test_default_run_failing_in_calibration_leaves_nothing(nibble, llama, tmp_pa
     assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[-1]], r.describe()
     assert "has no input_ids input" in r.stderr
     assert os.listdir(out.parent) == []
+
+
+def test_one_calibration_process_serves_every_layer(nibble, llama, tmp_path, monkeypatch):
+    """Layer by layer, one calib/capture.py (its `serve` mode) measures every layer group: the report
+    counts one process where NIBBLE_CALIB_SERVER=0 starts one per group, and the output bytes are the same."""
+    spec, path, npz, root = llama
+    outs = {}
+    for server in ("1", "0"):
+        monkeypatch.setenv("NIBBLE_CALIB_SERVER", server)
+        out = str(tmp_path / f"server{server}" / "model.onnx")
+        rep = str(tmp_path / f"server{server}.json")
+        r = nibble.quantize(path, out, "--algo", "awq_lite", "--layer_by_layer", "--report", rep, *calib_args(npz))
+        summary = json.load(open(rep))["summary"]
+        assert summary["layer_pass"]["mode"] == "layer_by_layer", r.describe()
+        outs[server] = (initializers(out), summary["calibration_processes"])
+    assert outs["1"][1] == 1
+    assert outs["0"][1] >= LAYERS, outs["0"][1]   # a child per layer group
+    assert outs["1"][0] == outs["0"][0]

@@ -1,0 +1,210 @@
+#include "calib/capture_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <atomic>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "calib/calibration.h"
+#include "loaders/error.h"
+
+extern char** environ;
+
+namespace nibble {
+namespace {
+
+constexpr const char* kErrorPrefix = "calibration: ";
+std::atomic<int> g_started{0};
+
+bool server_enabled() {
+  const char* v = std::getenv("NIBBLE_CALIB_SERVER");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+// The child's stderr, line by line: passed through (unless quiet), its last error line kept.
+struct StderrLines {
+  std::string pending, last_error, last_line;
+  void take(const char* buf, size_t n, bool quiet) {
+    pending.append(buf, n);
+    for (size_t pos; (pos = pending.find('\n')) != std::string::npos;) {
+      const std::string line = pending.substr(0, pos);
+      pending.erase(0, pos + 1);
+      if (line.rfind(kErrorPrefix, 0) == 0) {
+        last_error = line;  // nibble prints it as its own error line
+        continue;
+      }
+      if (!line.empty()) last_line = line;
+      if (!quiet) std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+};
+
+class CaptureServer {
+ public:
+  ~CaptureServer() { stop(); }
+
+  void run(const std::vector<std::string>& args, bool quiet) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pid_ < 0) start();
+    if (!send(nlohmann::json(args).dump() + "\n")) {
+      StderrLines err;
+      died(err, quiet);  // it stopped taking requests: why, from its stderr and its status
+    }
+    StderrLines err;
+    std::string reply;
+    while (reply.find('\n') == std::string::npos) {
+      pollfd fds[2] = {{err_fd_, POLLIN, 0}, {reply_fd_, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        throw Error("poll: " + errno_text(errno));
+      }
+      char buf[4096];
+      if (fds[0].revents) {  // stderr first: what the child said before it replied
+        const ssize_t n = ::read(err_fd_, buf, sizeof buf);
+        if (n > 0) err.take(buf, size_t(n), quiet);
+        continue;
+      }
+      const ssize_t n = ::read(reply_fd_, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return died(err, quiet);
+      reply.append(buf, size_t(n));
+    }
+    drain(err, quiet);
+    const int rc = std::atoi(reply.c_str());
+    if (rc == 0) return;
+    if (!err.last_error.empty()) throw Error(err.last_error);
+    throw Error("calib/capture.py failed (exit " + std::to_string(rc) +
+                (err.last_line.empty() ? "" : ": " + err.last_line) + ")");
+  }
+
+ private:
+  std::mutex mutex_;
+  pid_t pid_ = -1;
+  int in_fd_ = -1, err_fd_ = -1, reply_fd_ = -1;
+
+  // The request line to the child's stdin. SIGPIPE (a child that died) is blocked in this thread for the
+  // write and taken back afterwards, so a dead child is an error here, not the end of nibble.
+  bool send(const std::string& s) {
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    size_t off = 0;
+    bool ok = true;
+    while (off < s.size()) {
+      const ssize_t n = ::write(in_fd_, s.data() + off, s.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ok = false;
+        break;
+      }
+      off += size_t(n);
+    }
+    if (!ok) {
+      const timespec none{0, 0};
+      sigtimedwait(&pipe_set, nullptr, &none);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return ok;
+  }
+
+  // PR_SET_PDEATHSIG (capture.py's) follows the thread that started the child: nibble calibrates on its
+  // main thread, which lives as long as the run.
+  void start() {
+    int in[2], err[2], rep[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(rep, O_CLOEXEC) != 0)
+      throw Error("pipe: " + errno_text(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawn_file_actions_adddup2(&fa, rep[1], 3);
+    const std::vector<std::string> argv = {python_executable(), capture_script(), "serve"};
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = 0;
+    const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    for (int fd : {in[0], err[1], rep[1]}) ::close(fd);
+    if (rc != 0) {
+      for (int fd : {in[1], err[0], rep[0]}) ::close(fd);
+      throw Error("cannot run " + argv[0] + ": " + errno_text(rc) +
+                  " (set NIBBLE_PYTHON to a Python with nibble's requirements)");
+    }
+    pid_ = pid, in_fd_ = in[1], err_fd_ = err[0], reply_fd_ = rep[0];
+    ++g_started;
+  }
+
+  // What is left on stderr once the reply came (written before it).
+  void drain(StderrLines& err, bool quiet) {
+    const int flags = ::fcntl(err_fd_, F_GETFL);
+    ::fcntl(err_fd_, F_SETFL, flags | O_NONBLOCK);
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err_fd_, buf, sizeof buf)) > 0;) err.take(buf, size_t(n), quiet);
+    ::fcntl(err_fd_, F_SETFL, flags);
+  }
+
+  [[noreturn]] void died(StderrLines& err, bool quiet) {
+    const int flags = ::fcntl(err_fd_, F_GETFL);
+    ::fcntl(err_fd_, F_SETFL, flags & ~O_NONBLOCK);
+    char buf[4096];
+    for (ssize_t n; (n = ::read(err_fd_, buf, sizeof buf)) > 0;) err.take(buf, size_t(n), quiet);
+    const int status = reap();
+    if (!err.last_error.empty()) throw Error(err.last_error);
+    throw Error("calib/capture.py stopped (" +
+                (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                   : "signal " + std::to_string(WTERMSIG(status))) +
+                (err.last_line.empty() ? "" : ": " + err.last_line) + ")");
+  }
+
+  int reap() {
+    for (int fd : {in_fd_, err_fd_, reply_fd_})
+      if (fd >= 0) ::close(fd);
+    in_fd_ = err_fd_ = reply_fd_ = -1;
+    int status = 0;
+    if (pid_ > 0)
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+    pid_ = -1;
+    return status;
+  }
+
+  // End of the run: stdin closed, the child ends its loop and exits.
+  void stop() {
+    if (pid_ < 0) return;
+    reap();
+  }
+};
+
+CaptureServer& server() {
+  static CaptureServer s;
+  return s;
+}
+
+}  // namespace
+
+void run_capture(const std::vector<std::string>& args, bool quiet) {
+  if (!server_enabled()) {
+    std::vector<std::string> argv = {python_executable(), capture_script()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ++g_started;
+    return run_child(argv, kErrorPrefix, quiet);
+  }
+  server().run(args, quiet);
+}
+
+int capture_processes_started() { return g_started.load(); }
+
+}  // namespace nibble

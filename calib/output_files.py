@@ -40,8 +40,15 @@ def write_sums(out_dir: str, out_arg: str, i: int, acc, gram_block: int) -> dict
 def write_stats(out_dir: str, out_arg: str, i: int, acc, gram_block: int) -> dict:
     """Activation i's statistics from its Accumulator `acc`; its entry in index.json."""
     entry = write_sums(out_dir, out_arg, i, acc, gram_block)
+    path = os.path.join(out_dir, entry["gram"])
     try:
-        write_array(os.path.join(out_dir, entry["gram"]), acc.gblocks if gram_block > 0 else acc.gram_f64(), "<f8")
+        if gram_block > 0:
+            write_array(path, acc.gblocks, "<f8")
+        else:   # row blocks, so that no float64 copy of the whole matrix is ever made
+            with open(path + ".tmp", "wb") as f:
+                for _, block in acc.gram_f64_rows():
+                    block.astype("<f8", copy=False).tofile(f)
+            os.replace(path + ".tmp", path)
     except OSError as e:
         raise CalibError(f"--out {out_arg}: cannot write ({e.strerror or e})") from None
     return entry

@@ -796,3 +796,30 @@ def test_encoder_model_quantizes_end_to_end(tmp_path):
     got = ort.InferenceSession(out, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     rel = float(np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)))
     assert rel < 0.1, rel
+
+
+@pytest.mark.parametrize("blas", [True, False], ids=["ssyrk-upper", "numpy-full"])
+def test_gram_row_blocks_equal_the_whole_matrix(blas, monkeypatch):
+    """The Gram file is written in row blocks mirrored from ssyrk's upper triangle (no whole float64 copy):
+    the same values, bit for bit, as the whole mirrored matrix, at every block edge."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "calib"))
+    try:
+        import accumulator
+    finally:
+        sys.path.pop(0)
+    if not blas:
+        monkeypatch.setattr(accumulator.SYRK, "fn", None)
+    elif accumulator.SYRK.fn is None:
+        pytest.skip("numpy's OpenBLAS ssyrk not found")
+    rng = np.random.default_rng(1)
+    for K in (5, 255, 256, 700):
+        whole, blocked = accumulator.Accumulator("x", K), accumulator.Accumulator("x", K)
+        for n in (300, 17, 256):
+            X = rng.standard_normal((n, K)).astype(np.float32)
+            whole.update(X, None)
+            blocked.update(X, None)
+        want = whole.gram_f64()
+        got = np.concatenate([b for _, b in blocked.gram_f64_rows(rows=128)])
+        assert got.dtype == np.float64 and got.shape == (K, K)
+        assert got.tobytes() == want.tobytes(), K
+        assert np.array_equal(got, got.T)

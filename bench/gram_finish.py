@@ -6,7 +6,6 @@ sys.path.insert(0, 'calib')
 import numpy as np
 os.environ["OPENBLAS_NUM_THREADS"]="1"
 import accumulator
-from output_files import write_stats
 K=int(sys.argv[2]); mode=sys.argv[1]
 acc=accumulator.Accumulator("x",K)
 X=np.random.default_rng(0).standard_normal((256,K)).astype(np.float32)

@@ -56,6 +56,10 @@ class CaptureServer {
 
   void run(const std::vector<std::string>& args, bool quiet) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == pid_) {  // it ended between requests: a new one
+      pid_ = -1;
+      reap();
+    }
     if (pid_ < 0) start();
     if (!send(nlohmann::json(args).dump() + "\n")) {
       StderrLines err;
@@ -119,8 +123,9 @@ class CaptureServer {
     return ok;
   }
 
-  // PR_SET_PDEATHSIG (capture.py's) follows the thread that started the child: nibble calibrates on its
-  // main thread, which lives as long as the run.
+  // PR_SET_PDEATHSIG (capture.py's) follows the thread that started the child: nibble's first calibration
+  // runs on its main thread, which lives as long as the run (later requests may come from a helper thread;
+  // a child started there ends with that thread, and the next request starts another).
   void start() {
     int in[2], err[2], rep[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(rep, O_CLOEXEC) != 0)

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <future>
 
 #include "host/run/layer_sensitivity.h"
 #include "host/run/layer_state.h"
@@ -105,10 +106,41 @@ void drop_effective(const QuantizeOptions& o, size_t g) {
   fs::remove_all(quantized_dir(o) / ("g" + std::to_string(g)), ec);
 }
 
-// One group computed: calibrate it alone, search, emit; the scales kept for a resumed run.
+// What group g's calibration request is: its activations, and the layer-by-layer settings that make the
+// calibration process measure only its segment.
+struct GroupCalibration {
+  std::vector<Calibration::Request> acts;
+  Calibration::Extras extras;
+  CalibrationOptions copt;
+};
+
+GroupCalibration group_calibration(const QuantizeOptions& o, const Plan& plan, size_t g, const std::string& groups_file) {
+  GroupCalibration c{activation_requests(plan), search_calibration(o, plan), o.calib};
+  c.extras.layer_state = (state_path(o) / "boundary").string();
+  c.extras.layer_groups = groups_file;
+  c.extras.layer = int(g);
+  c.copt.calib_cache.clear();  // each layer's statistics are dropped once it is written
+  if (o.feed_quantized) c.extras.layer_weights = quantized_dir(o).string();
+  return c;
+}
+
+// Group g's statistics, measured while the main thread searches group g - 1 (float layers fed forward:
+// group g's boundary is already written). Reads only `o`, the plan and the files.
+std::unique_ptr<Calibration> calibrate_group(const QuantizeOptions& o, const std::string& model_path,
+                                             const Planned& planned, const std::vector<size_t>& idx, size_t g,
+                                             const std::string& groups_file) {
+  const GroupCalibration c = group_calibration(o, sub_plan(planned, idx).plan, g, groups_file);
+  return Calibration::run(c.copt, model_path, c.acts, /*mask_padding=*/masks_padding(o), c.extras);
+}
+
+using PendingCalibration = std::future<std::unique_ptr<Calibration>>;
+
+// One group computed: calibrate it alone (or take what `pending` measured beside the previous group),
+// start the next group's calibration (`start_next`), search, emit; the scales kept for a resumed run.
 Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const std::vector<size_t>& idx,
                   size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend,
-                  const std::function<void()>& announce) {
+                  const std::function<void()>& announce, PendingCalibration& pending,
+                  const std::function<void()>& start_next) {
   Planned sub = sub_plan(planned, idx);
   Searched s;
   if (!calibrates_after_pick(o)) {  // RTN with the INT8 set chosen: nothing left to measure
@@ -118,36 +150,33 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
     spdlog::info("layer group {}: {} weights (no calibration: the INT8 set is chosen)", g, idx.size());
     return e;
   }
-  const std::vector<Calibration::Request> acts = activation_requests(sub.plan);
-  Calibration::Extras extras = search_calibration(o, sub.plan);
-  extras.layer_state = (state_path(o) / "boundary").string();
-  extras.layer_groups = groups_file;
-  extras.layer = int(g);
-  CalibrationOptions copt = o.calib;
-  copt.calib_cache.clear();  // each layer's statistics are dropped once it is written
+  GroupCalibration c = group_calibration(o, sub.plan, g, groups_file);
   nlohmann::json quantized = nlohmann::json::array();
-  if (o.feed_quantized) {
-    extras.layer_weights = quantized_dir(o).string();
+  if (o.feed_quantized)
     s.on_quantized = [&](const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
                          const std::vector<float>* sp, const std::vector<float>* div) {
       quantized.push_back(write_effective(quantized_dir(o), g, pw, spec, q, sp, div, quantized.size()));
     };
-  }
   const auto t0 = std::chrono::steady_clock::now();
-  s.calib = Calibration::run(copt, model.path(), acts, /*mask_padding=*/masks_padding(o), extras);
+  const bool overlapped = pending.valid();
+  s.calib = overlapped ? pending.get()
+                       : Calibration::run(c.copt, model.path(), c.acts, /*mask_padding=*/masks_padding(o), c.extras);
+  // Overlapped: only the time this thread waited for it (the rest ran beside the previous group's search).
   s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   announce();  // after the first calibration: bad calibration input fails with its one error line alone
+  if (start_next) start_next();
   search_calibrated(o, model, sub, backend, s);
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
   if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
     write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
     const auto ta = std::chrono::steady_clock::now();
-    Calibration::advance(copt, model.path(), acts, extras);
+    Calibration::advance(c.copt, model.path(), c.acts, c.extras);
     s.calibrate_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
   }
-  spdlog::info("layer group {}: {} weights, calibration {:.1f} s, search {:.1f} s", g, idx.size(),
-               s.calibrate_seconds, s.search_seconds);
+  spdlog::info("layer group {}: {} weights, calibration {:.1f} s{}, search {:.1f} s", g, idx.size(),
+               s.calibrate_seconds, overlapped ? " waited (measured beside the previous group)" : "",
+               s.search_seconds);
   e.calibrate_seconds = s.calibrate_seconds;
   e.search_seconds = s.search_seconds;
   return e;
@@ -312,8 +341,22 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     spdlog::info("--resume: layers 0..{} were finished; continuing at layer group {} of {}", first - 1, first,
                  groups.size());
   }
+  // With the float layers fed forward, group g + 1's boundary exists once group g is calibrated, so its
+  // statistics are measured (by the calibration process, on a helper thread) while group g is searched and
+  // written. Not with --threads 1 (two processes computing at once), nor where the statistics depend on the
+  // quantized weights (--feed_quantized).
+  const bool overlap = !o.feed_quantized && o.threads != 1 && calibrates_after_pick(o);
+  PendingCalibration pending;
   for (size_t g = first; g < groups.size(); ++g) {
-    add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend, announce));
+    std::function<void()> start_next;
+    if (overlap && g + 1 < groups.size())
+      start_next = [&, h = g + 1] {
+        pending = std::async(std::launch::async, [&o, path = model.path(), &planned, &groups, h, &groups_file] {
+          return calibrate_group(o, path, planned, groups[h], h, groups_file);
+        });
+      };
+    add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend, announce, pending,
+                         start_next));
     write_checkpoint(o, g + 1, writer, total);
     fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
     if (g > 0) drop_effective(o, g - 1);

@@ -380,3 +380,19 @@ def test_one_calibration_process_serves_every_layer(nibble, llama, tmp_path, mon
     assert outs["1"][1] == 1
     assert outs["0"][1] >= LAYERS, outs["0"][1]   # a child per layer group
     assert outs["1"][0] == outs["0"][0]
+
+
+def test_next_group_is_calibrated_beside_the_search(nibble, llama, tmp_path):
+    """With the float layers fed forward, group g + 1 is measured while group g is searched (the log says
+    so for every group but the first); --threads 1 measures each group in turn; the bytes are the same."""
+    spec, path, npz, root = llama
+    got = {}
+    for threads in ("0", "1"):
+        out = str(tmp_path / f"t{threads}" / "model.onnx")
+        r = nibble.quantize(path, out, "--algo", "awq_lite", "--layer_by_layer", "--threads", threads,
+                            "--verbose", *calib_args(npz))
+        beside = [ln for ln in r.stderr.splitlines() if "measured beside the previous group" in ln]
+        assert len(beside) == (LAYERS - 1 if threads == "0" else 0), r.describe()
+        assert "layer group 0:" in r.stderr and not any("layer group 0:" in ln for ln in beside)
+        got[threads] = initializers(out)
+    assert got["0"] == got["1"]

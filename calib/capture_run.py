@@ -76,6 +76,11 @@ def stats_in_session(a, providers: list[tuple[str, dict]], layered) -> bool:
     return in_session
 
 
+
+def _finite(x: np.ndarray, rows: int = 1024) -> bool:
+    """np.isfinite(x).all() a block of rows at a time: no mask as large as a K x K Gram matrix."""
+    return all(np.isfinite(x[r:r + rows]).all() for r in range(0, x.shape[0], rows))
+
 class CapturePasses:
     """The passes of one capture over the calibration set, one per group of activations: the group's
     session, every batch folded into the group's accumulators, then their statistics written to
@@ -194,8 +199,8 @@ class CapturePasses:
         """Activation i's statistics (and token sample) written, its index entry kept."""
         a = self.a
         # An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.
-        if acc.nonfinite or (acc.gram is not None and not np.isfinite(acc.gram).all()) or \
-                (a.gram_block > 0 and not np.isfinite(acc.gblocks).all()):
+        if acc.nonfinite or (acc.gram is not None and not _finite(acc.gram)) or \
+                (a.gram_block > 0 and not _finite(acc.gblocks)):
             raise CalibError(f"{self.model_path}: activation '{acc.name}' takes non-finite values (inf/nan) on "
                              f"the calibration data, so its statistics cannot guide the search (check the "
                              f"inputs; an fp16 model may overflow: use rtn_dq, or calibrate an fp32 export)")

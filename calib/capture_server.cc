@@ -67,8 +67,9 @@ class CaptureServer {
     }
     StderrLines err;
     std::string reply;
+    bool err_open = true;  // stderr at its end (the child is gone): only the reply pipe is watched
     while (reply.find('\n') == std::string::npos) {
-      pollfd fds[2] = {{err_fd_, POLLIN, 0}, {reply_fd_, POLLIN, 0}};
+      pollfd fds[2] = {{err_open ? err_fd_ : -1, POLLIN, 0}, {reply_fd_, POLLIN, 0}};
       if (::poll(fds, 2, -1) < 0) {
         if (errno == EINTR) continue;
         throw Error("poll: " + errno_text(errno));
@@ -77,6 +78,7 @@ class CaptureServer {
       if (fds[0].revents) {  // stderr first: what the child said before it replied
         const ssize_t n = ::read(err_fd_, buf, sizeof buf);
         if (n > 0) err.take(buf, size_t(n), quiet);
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) err_open = false;
         continue;
       }
       const ssize_t n = ::read(reply_fd_, buf, sizeof buf);

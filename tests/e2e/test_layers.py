@@ -396,3 +396,23 @@ def test_next_group_is_calibrated_beside_the_search(nibble, llama, tmp_path):
         assert "layer group 0:" in r.stderr and not any("layer group 0:" in ln for ln in beside)
         got[threads] = initializers(out)
     assert got["0"] == got["1"]
+
+
+@pytest.mark.parametrize("dies", ["at_start", "mid_request"])
+def test_calibration_process_that_dies_is_one_error_line(nibble, llama, tmp_path, monkeypatch, dies):
+    """The calibration process ending (a Python without nibble's packages, or killed in a request) is one
+    error line and a non-zero exit, never a hang, and leaves no output."""
+    spec, path, npz, root = llama
+    fake = tmp_path / "python"
+    if dies == "at_start":
+        fake.write_text('#!/bin/sh\necho "calibration: this Python lacks numpy" >&2\nexit 2\n')
+    else:  # serves nothing: reads the first request, then dies of a signal
+        fake.write_text("#!/bin/sh\nread line\necho 'calib: got a request' >&2\nkill -9 $$\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("NIBBLE_PYTHON", str(fake))
+    out = tmp_path / "out" / "model.onnx"
+    r = nibble.quantize(path, str(out), "--algo", "awq_lite", "--layer_by_layer", *calib_args(npz), check=False)
+    assert r.returncode != 0, r.describe()
+    want = "this Python lacks numpy" if dies == "at_start" else "signal 9"
+    assert want in r.stderr, r.describe()
+    assert not out.exists()

@@ -181,6 +181,16 @@ def main(argv=None) -> int:
         return 2
 
 
+def _trim_heap() -> None:
+    """Gives the heap's free pages back (glibc malloc_trim): a long-lived process that holds a layer's
+    arrays and ONNX Runtime session at a time would otherwise keep the high-water mark of every request."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def serve() -> int:
     """`capture.py serve` (what nibble runs, calib/capture_server.cc): one request per line on stdin, a JSON
     array of the arguments of one `capture` or `grid` command, run as main() runs them; after each, its
@@ -201,6 +211,7 @@ def serve() -> int:
             print(f"calibration: internal error: bad request ({first_line(e)})", file=sys.stderr, flush=True)
             rc = 2
         gc.collect()   # one layer's arrays and session gone before the next request
+        _trim_heap()
         sys.stderr.flush()
         replies.write(f"{rc}\n")
     return 0

@@ -1,7 +1,7 @@
 #include "calib/calibration.h"
 #include "calib/stats_space.h"
 
-#include <spawn.h>
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 
 #include "calib/calib_cache.h"
 #include "calib/capture_server.h"
+#include "calib/child_process.h"
 #include "kernels/quant_types.h"
 #include "loaders/content_hash.h"
 #include "loaders/external_data.h"
@@ -157,51 +158,32 @@ std::string capture_script() { return project_script("NIBBLE_CALIB_SCRIPT", "cal
 
 void run_child(const std::vector<std::string>& argv, const std::string& error_prefix, bool quiet) {
   int pipefd[2];
-  if (::pipe(pipefd) != 0) throw Error("pipe: " + errno_text(errno));
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 2);
-  posix_spawn_file_actions_addclose(&fa, pipefd[0]);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) throw Error("pipe: " + errno_text(errno));
   pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(pipefd[1]);
-  if (rc != 0) {
+  try {
+    pid = spawn_child(argv, {{pipefd[1], 2}});
+  } catch (...) {
     ::close(pipefd[0]);
-    throw Error("cannot run " + argv[0] + ": " + errno_text(rc) +
-                " (set NIBBLE_PYTHON to a Python with nibble's requirements)");
+    ::close(pipefd[1]);
+    throw;
   }
-  std::string pending, last_error, last_line;
+  ::close(pipefd[1]);
+  ChildStderr err{error_prefix, quiet};
   char buf[4096];
   for (;;) {
     const ssize_t n = ::read(pipefd[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    pending.append(buf, size_t(n));
-    for (size_t pos; (pos = pending.find('\n')) != std::string::npos;) {
-      const std::string line = pending.substr(0, pos);
-      pending.erase(0, pos + 1);
-      if (line.rfind(error_prefix, 0) == 0) {
-        last_error = line;
-        continue;  // nibble prints it as its own error line
-      }
-      if (!line.empty()) last_line = line;
-      if (!quiet) std::fprintf(stderr, "%s\n", line.c_str());
-    }
+    err.take(buf, size_t(n));
   }
   ::close(pipefd[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  if (!last_error.empty()) throw Error(last_error);
-  throw Error(argv[0] + " failed (" +
-              (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                 : "signal " + std::to_string(WTERMSIG(status))) +
-              (last_line.empty() ? "" : ": " + last_line) + "): " + shell_join(argv));
+  if (!err.last_error.empty()) throw Error(err.last_error);
+  throw Error(argv[0] + " failed (" + exit_text(status) + (err.last_line.empty() ? "" : ": " + err.last_line) +
+              "): " + shell_join(argv));
 }
 
 namespace {

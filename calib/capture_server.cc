@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "calib/calibration.h"
+#include "calib/child_process.h"
 #include "loaders/error.h"
 
-extern char** environ;
 
 namespace nibble {
 namespace {
@@ -31,24 +30,6 @@ bool server_enabled() {
   const char* v = std::getenv("NIBBLE_CALIB_SERVER");
   return !(v && std::strcmp(v, "0") == 0);
 }
-
-// The child's stderr, line by line: passed through (unless quiet), its last error line kept.
-struct StderrLines {
-  std::string pending, last_error, last_line;
-  void take(const char* buf, size_t n, bool quiet) {
-    pending.append(buf, n);
-    for (size_t pos; (pos = pending.find('\n')) != std::string::npos;) {
-      const std::string line = pending.substr(0, pos);
-      pending.erase(0, pos + 1);
-      if (line.rfind(kErrorPrefix, 0) == 0) {
-        last_error = line;  // nibble prints it as its own error line
-        continue;
-      }
-      if (!line.empty()) last_line = line;
-      if (!quiet) std::fprintf(stderr, "%s\n", line.c_str());
-    }
-  }
-};
 
 class CaptureServer {
  public:
@@ -62,10 +43,10 @@ class CaptureServer {
     }
     if (pid_ < 0) start();
     if (!send(nlohmann::json(args).dump() + "\n")) {
-      StderrLines err;
-      died(err, quiet);  // it stopped taking requests: why, from its stderr and its status
+      ChildStderr err{kErrorPrefix, quiet};
+      died(err);  // it stopped taking requests: why, from its stderr and its status
     }
-    StderrLines err;
+    ChildStderr err{kErrorPrefix, quiet};
     std::string reply;
     bool err_open = true;  // stderr at its end (the child is gone): only the reply pipe is watched
     while (reply.find('\n') == std::string::npos) {
@@ -77,16 +58,16 @@ class CaptureServer {
       char buf[4096];
       if (fds[0].revents) {  // stderr first: what the child said before it replied
         const ssize_t n = ::read(err_fd_, buf, sizeof buf);
-        if (n > 0) err.take(buf, size_t(n), quiet);
+        if (n > 0) err.take(buf, size_t(n));
         if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) err_open = false;
         continue;
       }
       const ssize_t n = ::read(reply_fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return died(err, quiet);
+      if (n <= 0) return died(err);
       reply.append(buf, size_t(n));
     }
-    drain(err, quiet);
+    drain(err);
     const int rc = std::atoi(reply.c_str());
     if (rc == 0) return;
     if (!err.last_error.empty()) throw Error(err.last_error);
@@ -132,48 +113,36 @@ class CaptureServer {
     int in[2], err[2], rep[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(rep, O_CLOEXEC) != 0)
       throw Error("pipe: " + errno_text(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    posix_spawn_file_actions_adddup2(&fa, rep[1], 3);
-    const std::vector<std::string> argv = {python_executable(), capture_script(), "serve"};
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     pid_t pid = 0;
-    const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    for (int fd : {in[0], err[1], rep[1]}) ::close(fd);
-    if (rc != 0) {
-      for (int fd : {in[1], err[0], rep[0]}) ::close(fd);
-      throw Error("cannot run " + argv[0] + ": " + errno_text(rc) +
-                  " (set NIBBLE_PYTHON to a Python with nibble's requirements)");
+    try {
+      pid = spawn_child({python_executable(), capture_script(), "serve"}, {{in[0], 0}, {err[1], 2}, {rep[1], 3}});
+    } catch (...) {
+      for (int fd : {in[0], in[1], err[0], err[1], rep[0], rep[1]}) ::close(fd);
+      throw;
     }
+    for (int fd : {in[0], err[1], rep[1]}) ::close(fd);
     pid_ = pid, in_fd_ = in[1], err_fd_ = err[0], reply_fd_ = rep[0];
     ++g_started;
   }
 
   // What is left on stderr once the reply came (written before it).
-  void drain(StderrLines& err, bool quiet) {
+  void drain(ChildStderr& err) {
     const int flags = ::fcntl(err_fd_, F_GETFL);
     ::fcntl(err_fd_, F_SETFL, flags | O_NONBLOCK);
     char buf[4096];
-    for (ssize_t n; (n = ::read(err_fd_, buf, sizeof buf)) > 0;) err.take(buf, size_t(n), quiet);
+    for (ssize_t n; (n = ::read(err_fd_, buf, sizeof buf)) > 0;) err.take(buf, size_t(n));
     ::fcntl(err_fd_, F_SETFL, flags);
   }
 
-  [[noreturn]] void died(StderrLines& err, bool quiet) {
+  [[noreturn]] void died(ChildStderr& err) {
     const int flags = ::fcntl(err_fd_, F_GETFL);
     ::fcntl(err_fd_, F_SETFL, flags & ~O_NONBLOCK);
     char buf[4096];
-    for (ssize_t n; (n = ::read(err_fd_, buf, sizeof buf)) > 0;) err.take(buf, size_t(n), quiet);
+    for (ssize_t n; (n = ::read(err_fd_, buf, sizeof buf)) > 0;) err.take(buf, size_t(n));
     const int status = reap();
     if (!err.last_error.empty()) throw Error(err.last_error);
-    throw Error("calib/capture.py stopped (" +
-                (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                   : "signal " + std::to_string(WTERMSIG(status))) +
-                (err.last_line.empty() ? "" : ": " + err.last_line) + ")");
+    throw Error("calib/capture.py stopped (" + exit_text(status) + (err.last_line.empty() ? "" : ": " + err.last_line) +
+                ")");
   }
 
   int reap() {

@@ -187,15 +187,11 @@ class LayerBatches:
         os.replace(tmp, self.dir)
 
     def __iter__(self):
-        kept = _kept_boundary(self.dir)
         for bi in range(self.n_batches):
-            if kept is not None:
-                feeds, mask, self.tokens = kept[bi]
-            else:
-                with np.load(os.path.join(self.dir, f"b{bi}.npz")) as d:
-                    feeds = {t: d[f"t{k}"] for k, t in enumerate(self.names)}
-                    mask = d["__mask__"] if "__mask__" in d else None
-                    self.tokens = int(d["__tokens__"])
+            with np.load(os.path.join(self.dir, f"b{bi}.npz")) as d:
+                feeds = {t: d[f"t{k}"] for k, t in enumerate(self.names)}
+                mask = d["__mask__"] if "__mask__" in d else None
+                self.tokens = int(d["__tokens__"])
             if not self.in_types:
                 from onnx import helper
                 self.in_types = {t: (helper.np_dtype_to_tensor_dtype(a.dtype), a.ndim) for t, a in feeds.items()}
@@ -207,7 +203,6 @@ class LayerBatches:
         self.tmp = self.next_dir + ".tmp"
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(self.tmp)
-        self.kept_next = []
 
     def save_next(self, bi: int, feeds: dict, mask, got: dict) -> None:
         """Batch bi leaving segment s: the tensors still needed later, kept or just computed."""
@@ -219,8 +214,6 @@ class LayerBatches:
             arrs["__mask__"] = mask
         arrs["__tokens__"] = np.asarray(self.tokens, np.int64)
         np.savez(os.path.join(self.tmp, f"b{bi}.npz"), **arrs)
-        self.kept_next.append(({t: np.asarray(arrs[f"t{k}"]) for k, t in enumerate(names)},
-                               None if mask is None else np.asarray(mask), int(self.tokens)))
 
     def finish_next(self) -> None:
         if self.last:
@@ -231,36 +224,6 @@ class LayerBatches:
         open(os.path.join(self.tmp, "done"), "w").close()
         shutil.rmtree(self.next_dir, ignore_errors=True)
         os.replace(self.tmp, self.next_dir)
-        _keep_boundary(self.next_dir, self.dir, self.kept_next)
-        self.kept_next = []
-
-
-# The boundary a request wrote, kept in memory for the next (capture.py serve runs every layer group in one
-# process): the next group reads it from here instead of its npz files, which stay on disk as the --resume
-# checkpoint. Keyed by folder and checked against its `done` marker, so a folder written again (or by
-# another process) is read from disk. At most the current group's boundary and the next one are kept.
-_KEPT: dict = {}
-
-
-def _done_id(folder: str):
-    try:
-        st = os.stat(os.path.join(folder, "done"))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns)
-
-
-def _keep_boundary(folder: str, current: str, batches: list) -> None:
-    for k in [k for k in _KEPT if k not in (folder, current)]:
-        del _KEPT[k]
-    _KEPT[folder] = (_done_id(folder), batches)
-
-
-def _kept_boundary(folder: str):
-    entry = _KEPT.get(folder)
-    if entry is None or entry[0] is None or entry[0] != _done_id(folder):
-        return None
-    return entry[1]
 
 
 # --------------------------------------------------------------------------------------------

@@ -94,6 +94,23 @@ struct GptqOptions {
   int64_t lazy_block = 128;  // channels per lazy batch of the fast kernel (no effect on the result's math)
 };
 
+// learned_rounding's knobs (kernels/learned_rounding.h): AutoRound's sign steps on each weight's rounding
+// offset, then greedy single-level sweeps, on the layer's output error through XᵀX.
+struct LearnedRoundingOptions {
+  int iters = 200;          // sign steps
+  double lr = 0.005;        // the first step's size in levels, falling linearly to 0
+  int polish_sweeps = 4;    // greedy sweeps after the steps (each stops early once nothing moves)
+  double percdamp = 0.01;   // H += percdamp · mean(diag H) · I, as GPTQ's dampening
+};
+
+// What learned_rounding did to one weight: the objective Σ_n e_n H e_nᵀ of the codes it was given and of
+// its own (summed over rows in order), and how many codes it moved.
+struct LearnedRoundingStats {
+  double objective_given = 0;
+  double objective_learned = 0;
+  int64_t moved = 0;
+};
+
 // How rtn_lsq weighs each element's squared error when it fits and chooses a block's scale:
 // uniformly, by x² (llama.cpp's make_qx_quants), or by rms(block) + |x| (its make_qkx2_quants use).
 enum class FitWeight { kUniform, kSquare, kMagnitude };

@@ -148,6 +148,32 @@ std::string check_gptq(Backend& r, Backend& g, const Case& c, const check::Weigh
   return {};
 }
 
+// Learned rounding from the reference's GPTQ codes, on each backend: the same codes, error and objectives
+// bit for bit (rows are computed by the same function everywhere), and never a higher objective.
+std::string check_learned(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
+  const auto gram = check::gram(300, c.K, 47);
+  const auto inv_s = check::positive(c.K, 0.5f, 2.0f, 49);
+  GptqOptions gopt;
+  gopt.ratios = {1.0f, 0.9f};
+  LearnedRoundingOptions opt;
+  opt.iters = 24;
+  opt.lr = 0.04;
+  for (const float* s : {static_cast<const float*>(nullptr), inv_s.data()}) {
+    QuantResult given;
+    r.gptq_quantize(w.m, c.spec(), r.gptq_factor(gram.data(), c.K, s, 0.01, false), gopt, given);
+    QuantResult a = given, x = given;
+    const LearnedRoundingStats sa = r.learned_rounding(w.m, c.spec(), gram.data(), s, opt, a);
+    const LearnedRoundingStats sx = g.learned_rounding(w.m, c.spec(), gram.data(), s, opt, x);
+    if (auto e = same(a.codes, x.codes, "codes"); !e.empty()) return e;
+    if (a.sq_error != x.sq_error) return "sq_error differs";
+    if (sa.objective_given != sx.objective_given || sa.objective_learned != sx.objective_learned || sa.moved != sx.moved)
+      return "objectives or moves differ";
+    if (!(sa.objective_learned <= sa.objective_given)) return "the learned codes have a higher objective";
+    if (a.scales != given.scales || a.zero_points != given.zero_points) return "scales or zero points changed";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs) {
@@ -208,6 +234,7 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
   out.push_back(gptq);
   gptq.op = "gptq_quantize";
   out.push_back(std::move(gptq));
+  out.push_back(run("learned_rounding", ref, b, gptq_cases, check_learned));
   for (const char* op :
        {"pack_onnx", "pack_matmulnbits_weight", "matmulnbits_scales", "pack_matmulnbits_zero_points", "dequantize"}) {
     const std::string name = op;

@@ -1,5 +1,5 @@
 // The CPU backend (fast kernels) and the reference backend (scalar `*_ref` kernels): they differ in
-// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the Gram clip search and GPTQ.
+// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the Gram clip search, GPTQ and learned rounding (threads).
 #include "kernels/cpu/cpu_backend.h"
 
 #include "kernels/cpu/awq_fast.h"
@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/gptq_fast.h"
 #include "kernels/cpu/gptq_ref.h"
+#include "kernels/cpu/learned_rounding_cpu.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_lsq_fast.h"
 #include "kernels/cpu/rtn_ref.h"
@@ -76,6 +77,10 @@ class CpuBackend final : public CpuCommon {
                      QuantResult& out) override {
     gptq_quantize_fast(w, spec, f, opt, out);
   }
+  LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+                                        const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
+    return learned_rounding_fast(w, spec, gram, inv_s, opt, q);
+  }
 };
 
 class ReferenceBackend final : public CpuCommon {
@@ -114,6 +119,10 @@ class ReferenceBackend final : public CpuCommon {
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {
     gptq_quantize_ref(w, spec, f, opt, out);
+  }
+  LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+                                        const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
+    return learned_rounding_ref(w, spec, gram, inv_s, opt, q);
   }
 };
 

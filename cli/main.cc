@@ -64,6 +64,12 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
   q.add_flag("--gptq_act_order", o.gptq_act_order,
              "GPTQ: quantize input channels by decreasing activation energy (blocks stay contiguous: each block's "
              "scale is fixed when the sweep first reaches one of its channels)");
+  q.add_option("--learned_iters", o.learned_iters,
+               "awq_learned: sign steps on each weight's rounding offset (AutoRound's update)")
+      ->capture_default_str();
+  q.add_option("--learned_lr", o.learned_lr,
+               "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0")
+      ->capture_default_str();
 }
 
 void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o) {

@@ -44,6 +44,9 @@ std::vector<Method> table() {
       {"hqq", Algo::kHqq, kNone, "ModelOpt has no HQQ (use --awq_mode nibble)", Format::kDq,
        "half-quadratic quantization (each block's zero point by proximal lp-norm iterations, no calibration; "
        "writes zero points, fractional ones in --format matmulnbits)."},
+      {"awq_learned", Algo::kAwqLearned, kScalesAndGptq, kNoGptq, Format::kDq,
+       "awq_gptq, then each weight's rounding learned on the layer's output error through XᵀX (AutoRound's sign "
+       "steps on a rounding offset per weight, then greedy single-level moves; never worse than GPTQ's on it)."},
   };
 }
 

@@ -128,6 +128,19 @@ NIBBLE_HD inline double residual_at(const Problem& p, const double* e, int64_t k
   return p.s[k] * acc + p.damp * e[k];
 }
 
+// residual_at for every k of the row, the same sums in the same order, walking G by rows (the host's way:
+// residual_at walks a column, one thread per k on a device).
+NIBBLE_HD inline void residual_row(const Problem& p, const Row& row) {
+  const int64_t K = p.K();
+  for (int64_t k = 0; k < K; ++k) row.r[k] = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    const double a = row.e[j] * p.s[j];
+    const double* g = p.gram + j * K;
+    for (int64_t k = 0; k < K; ++k) row.r[k] += a * g[k];
+  }
+  for (int64_t k = 0; k < K; ++k) row.r[k] = p.s[k] * row.r[k] + p.damp * row.e[k];
+}
+
 NIBBLE_HD inline double objective(const Problem& p, const Row& row) {
   double l = 0;
   for (int64_t k = 0; k < p.K(); ++k) l += row.e[k] * row.r[k];
@@ -223,16 +236,15 @@ NIBBLE_HD inline void row_polish(const Problem& p, int64_t n, uint8_t* codes, co
   }
 }
 
-// Row n from the given codes to the learned ones, in the order the device's launches take (residual_at
-// for every k, then the descent, the restore and, where the codes changed, the residual again).
+// Row n from the given codes to the learned ones, in the order the device's launches take (the residual
+// of every k, then the descent, the restore and, where the codes changed, the residual again).
 NIBBLE_HD inline RowStats learn_row(const Problem& p, int64_t n, uint8_t* codes, const uint8_t* given, const Row& row) {
   RowStats st;
   row_start(p, n, codes, row);
-  for (int64_t k = 0; k < p.K(); ++k) row.r[k] = residual_at(p, row.e, k);
+  residual_row(p, row);
   st.start = objective(p, row);
   row_descend(p, n, codes, row);
-  if (row_restore(p, n, codes, row))
-    for (int64_t k = 0; k < p.K(); ++k) row.r[k] = residual_at(p, row.e, k);
+  if (row_restore(p, n, codes, row)) residual_row(p, row);
   row_polish(p, n, codes, row, given, st);
   return st;
 }

@@ -5,12 +5,14 @@
 #include <chrono>
 
 #include "host/algo/awq.h"
+#include "host/algo/learned_rounding.h"
 #include "loaders/error.h"
 
 namespace nibble {
 
 GptqQuantizer::GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend)
-    : o_(o), calib_(calib), backend_(backend) {
+    : learned_(o.algo == Algo::kAwqLearned), learned_opt_(learned_rounding_options(o)), o_(o), calib_(calib),
+      backend_(backend) {
   opt_.ratios = block_clip_ratios();
   opt_.both_signs = true;
 }
@@ -32,13 +34,18 @@ void GptqQuantizer::quantize(const PlannedWeight& pw, const kernels::WeightMatri
     } catch (const std::runtime_error& e) {
       throw Error("'" + pw.activation + "': " + e.what());
     }
-    calib_.release_gram(pw.activation);
+    if (learned_ && !activation_.empty() && activation_ != pw.activation) calib_.release_gram(activation_);
+    if (!learned_) calib_.release_gram(pw.activation);
+    gram_ = learned_ ? gram : nullptr;
+    inv_ = awq_scale ? inv : std::vector<float>{};
     activation_ = pw.activation;
     scale_ = scale;
     factor_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::debug("gptq: factor of {} (K = {}), dampening {:.4g}", pw.activation, pw.K(), factor_.damp);
   }
+  if (learned_) q.keep = false;  // its codes come back to be learned
   backend_.gptq_quantize(w, spec, factor_, opt_, q);
+  if (learned_) learn_rounding(backend_, w, spec, gram_, inv_.empty() ? nullptr : inv_.data(), learned_opt_, q);
 }
 
 }  // namespace nibble

@@ -25,13 +25,20 @@ class GptqQuantizer {
  public:
   GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
 
-  // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_gptq; awq_scale: that s) into q.
+  // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_gptq; awq_scale: that s) into q;
+  // for awq_learned, its rounding is then learned (host/algo/learned_rounding.h).
   void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
                 const std::vector<float>* awq_scale, kernels::QuantResult& q);
 
   double factor_seconds() const { return factor_seconds_; }
 
  private:
+  // awq_learned: the Gram matrix of the current activation stays until the next one's (each weight's
+  // learned rounding reads it), then goes.
+  bool learned_;
+  kernels::LearnedRoundingOptions learned_opt_;
+  const double* gram_ = nullptr;
+  std::vector<float> inv_;
   const QuantizeOptions& o_;
   Calibration& calib_;
   kernels::Backend& backend_;

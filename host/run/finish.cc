@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "calib/capture_server.h"
+#include "host/algo/learned_rounding.h"
 #include "host/run/progress.h"
 #include "host/run/report.h"
 #include "host/run/stages.h"
@@ -114,6 +115,14 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                                {"seconds", e.read.seconds},   {"wait_seconds", e.read.wait_seconds},
                                {"threads", e.read.threads}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
+  if (o.algo == Algo::kAwqLearned) {
+    const LearnedRoundingTotals l = learned_rounding_totals();
+    report["summary"]["learned_rounding"] = {{"objective_gptq", l.objective_gptq},
+                                             {"objective_learned", l.objective_learned},
+                                             {"codes_moved", l.codes_moved},
+                                             {"weights", l.weights},
+                                             {"seconds", l.seconds}};
+  }
   if (ledger) report["summary"]["device"] = ledger_to_json(*ledger);
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {
     report["summary"]["device_memory_budget_bytes"] = m.budget;

@@ -32,6 +32,9 @@ void warn_inert_flags(const QuantizeOptions& o) {
     spdlog::info("--algo hqq --format {}: zero points rounded to integers (DequantizeLinear takes integer ones "
                  "only); --format matmulnbits keeps HQQ's fractional zero points, more accurate",
                  name_of(o.resolved_format()));
+  if (o.algo != Algo::kAwqLearned && (o.learned_iters != 200 || o.learned_lr != 0.005))
+    spdlog::warn("--learned_iters/--learned_lr: no effect: --algo {} learns no rounding (awq_learned does)",
+                 name_of(o.algo));
   if (!o.uses_gptq() && o.gptq_act_order)
     spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
   if (!needs_calibration(o))
@@ -59,6 +62,8 @@ void validate_options(const QuantizeOptions& o) {
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
   if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
+  if (o.learned_iters < 0 || o.learned_iters > 100000) throw Error("--learned_iters must be in [0, 100000]");
+  if (!(o.learned_lr >= 0 && o.learned_lr <= 1)) throw Error("--learned_lr must be in [0, 1] (levels)");
   check_arithmetic(o);
   const int64_t gb = o.gather_block_size;
   if (o.gather_quantize_axis && (gb < 16 || (gb & (gb - 1)) != 0))

@@ -25,6 +25,8 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"awqclip_bsz_col", o.awqclip_bsz_col},
           {"gptq_percdamp", o.gptq_percdamp},
           {"gptq_act_order", o.gptq_act_order},
+          {"learned_iters", o.learned_iters},
+          {"learned_lr", o.learned_lr},
           {"calibration_eps", o.calib.calibration_eps},
           {"calib_size", o.calib.calib_size},
           {"dataset", o.calib.dataset},

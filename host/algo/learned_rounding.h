@@ -1,0 +1,34 @@
+// awq_learned: awq_gptq's codes, then each weight's rounding learned on the layer's output error through
+// the same XᵀX (backend learned_rounding, kernels/learned_rounding.h): AutoRound's sign steps on a rounding
+// offset per weight, then greedy single-level moves. GPTQ minimises that objective greedily, one channel
+// at a time; the steps revisit every channel with all the others fixed, and only the codes of the lowest
+// objective seen are kept, so the result is never worse than GPTQ's on it. Scales and zero points stay
+// GPTQ's.
+#pragma once
+#include <cstdint>
+
+#include "host/options.h"
+#include "kernels/backend.h"
+
+namespace nibble {
+
+// What the run's learned rounding did, over every weight (the report's summary.learned_rounding).
+struct LearnedRoundingTotals {
+  double objective_gptq = 0;
+  double objective_learned = 0;
+  int64_t codes_moved = 0;
+  int64_t weights = 0;
+  double seconds = 0;
+};
+
+kernels::LearnedRoundingOptions learned_rounding_options(const QuantizeOptions& o);
+
+// Learns q's rounding (gptq_quantize's result for w, which is W ⊙ s when inv_s is given) and adds to the
+// run's totals.
+void learn_rounding(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
+                    const double* gram, const float* inv_s, const kernels::LearnedRoundingOptions& opt,
+                    kernels::QuantResult& q);
+
+LearnedRoundingTotals learned_rounding_totals();
+
+}  // namespace nibble

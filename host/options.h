@@ -45,7 +45,7 @@ struct QuantizeOptions {
   double gptq_percdamp = 0.01;
   bool gptq_act_order = false;
   // awq_learned (host/algo/learned_rounding.h): AutoRound's sign steps and first step size (in levels).
-  int learned_iters = 200;
+  int learned_iters = 0;
   double learned_lr = 0.005;
   bool enable_mixed_quant = false;
   std::string layers_8bit;

@@ -97,7 +97,7 @@ struct GptqOptions {
 // learned_rounding's knobs (kernels/learned_rounding.h): AutoRound's sign steps on each weight's rounding
 // offset, then greedy single-level sweeps, on the layer's output error through XᵀX.
 struct LearnedRoundingOptions {
-  int iters = 200;          // sign steps
+  int iters = 0;            // sign steps (0: the sweeps only; see host/algo/learned_rounding.h)
   double lr = 0.005;        // the first step's size in levels, falling linearly to 0
   int polish_sweeps = 4;    // greedy sweeps after the steps (each stops early once nothing moves)
   double percdamp = 0.01;   // H += percdamp · mean(diag H) · I, as GPTQ's dampening

@@ -13,7 +13,8 @@
 // added to its unrounded level u_k = w_k / scale + z before rounding; a step moves v_k by lr_t against the
 // sign of ∂L/∂v_k = -2·r_k·scale (straight through the rounding), lr_t falling linearly to 0, and the
 // codes of the lowest L seen are kept. v starts where the given codes (GPTQ's) are, and stays within
-// half a level beyond both those codes and RTN's. Then greedy sweeps move single levels wherever L falls.
+// half a level beyond both those codes and RTN's. Then greedy sweeps move single levels wherever L falls,
+// each weight within the levels around its unrounded value and GPTQ's (neighbourhood).
 // The block scales and zero points are not changed.
 #pragma once
 #include <cstdint>
@@ -201,6 +202,19 @@ NIBBLE_HD inline bool row_restore(const Problem& p, int64_t n, uint8_t* codes, c
   return changed;
 }
 
+// The levels a weight may take: those around its unrounded level u (floor and ceil, AutoRound's range)
+// and the given (GPTQ's) one, within the code range. Moving further fits the calibration tokens' own
+// noise: unbounded sweeps lowered SmolLM2's calibration objective more and raised its perplexity.
+NIBBLE_HD inline void neighbourhood(const Problem& p, double u, int given, int* lo, int* hi) {
+  double fl = double(int64_t(u));
+  if (fl > u) fl -= 1.0;
+  const int f = int(fl), c = fl == u ? f : f + 1;
+  *lo = given < f ? given : f;
+  *hi = given > c ? given : c;
+  if (*lo < p.lowest()) *lo = p.lowest();
+  if (*hi > p.highest()) *hi = p.highest();
+}
+
 // Greedy sweeps (r filled): each weight moves one level up or down where that lowers the objective.
 // Fills the row's statistics but `start`.
 NIBBLE_HD inline void row_polish(const Problem& p, int64_t n, uint8_t* codes, const Row& row, const uint8_t* given,
@@ -212,9 +226,11 @@ NIBBLE_HD inline void row_polish(const Problem& p, int64_t n, uint8_t* codes, co
     for (int64_t k = 0; k < K; ++k) {
       if (!(p.h_diag(k) - p.damp > 0)) continue;
       const int cur = p.level_of(codes[p.index(k, n)]);
+      int lo, hi;
+      neighbourhood(p, row.u[k], p.level_of(given[p.index(k, n)]), &lo, &hi);
       for (int dl = -1; dl <= 1; dl += 2) {
         const int level = cur + dl;
-        if (level < p.lowest() || level > p.highest()) continue;
+        if (level < lo || level > hi) continue;
         const double d = p.dequantized(level, k, n) - p.dequantized(cur, k, n);
         if (d * (d * p.h_diag(k) - 2.0 * row.r[k]) < 0) {
           move_to(p, n, k, level, codes, row, l);

@@ -1,9 +1,11 @@
 // awq_learned: awq_gptq's codes, then each weight's rounding learned on the layer's output error through
-// the same XᵀX (backend learned_rounding, kernels/learned_rounding.h): AutoRound's sign steps on a rounding
-// offset per weight, then greedy single-level moves. GPTQ minimises that objective greedily, one channel
-// at a time; the steps revisit every channel with all the others fixed, and only the codes of the lowest
-// objective seen are kept, so the result is never worse than GPTQ's on it. Scales and zero points stay
-// GPTQ's.
+// the same XᵀX (backend learned_rounding, kernels/learned_rounding.h): greedy sweeps that move single
+// levels wherever the objective falls, each weight kept to the levels around its value and GPTQ's; with
+// --learned_iters, AutoRound's sign steps on a rounding offset per weight first. GPTQ minimises that
+// objective one channel at a time, compensating only the channels after it; the sweeps revisit every
+// channel with all the others fixed, so the result is never worse than GPTQ's on it. Scales and zero
+// points stay GPTQ's. Measured (SmolLM2-135M, and a generated model): the sign steps lower the objective
+// by at most 0.1% more than the sweeps alone, at 10-20x their time, so the default takes none.
 #pragma once
 #include <cstdint>
 

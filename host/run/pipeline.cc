@@ -32,7 +32,7 @@ void warn_inert_flags(const QuantizeOptions& o) {
     spdlog::info("--algo hqq --format {}: zero points rounded to integers (DequantizeLinear takes integer ones "
                  "only); --format matmulnbits keeps HQQ's fractional zero points, more accurate",
                  name_of(o.resolved_format()));
-  if (o.algo != Algo::kAwqLearned && (o.learned_iters != 200 || o.learned_lr != 0.005))
+  if (o.algo != Algo::kAwqLearned && (o.learned_iters != 0 || o.learned_lr != 0.005))
     spdlog::warn("--learned_iters/--learned_lr: no effect: --algo {} learns no rounding (awq_learned does)",
                  name_of(o.algo));
   if (!o.uses_gptq() && o.gptq_act_order)

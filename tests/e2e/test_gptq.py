@@ -130,21 +130,22 @@ def test_awq_gptq_beats_awq_lite(env):
 def test_awq_learned_lowers_gptqs_output_error_on_the_calibration_tokens(env):
     """awq_learned starts from awq_gptq's codes and keeps only what lowers the layer's output error on the
     calibration tokens: the report's objective falls, and the model's outputs on those tokens come closer
-    to the float model's than awq_gptq's do (on held-out tokens: within 5% of awq_gptq's)."""
+    to the float model's than awq_gptq's do (on held-out tokens: within 3% of awq_gptq's)."""
     _, rep = env.quantize("--algo", "awq_learned")
     lr = rep["summary"]["learned_rounding"]
     assert lr["weights"] == rep["summary"]["weights_quantized"] and lr["codes_moved"] > 0, lr
-    assert lr["objective_learned"] < 0.95 * lr["objective_gptq"], lr   # measured: 0.910
+    assert lr["objective_learned"] < 0.95 * lr["objective_gptq"], lr   # measured: 0.914
     calib = {"hidden": env.calib}
     float_calib = ort_run(env.path, calib, optimize=False)
     gptq = rel_mse(ort_run(env.quantize("--algo", "awq_gptq")[0].path, calib), float_calib)
     got = rel_mse(ort_run(env.quantize("--algo", "awq_learned")[0].path, calib), float_calib)
-    assert np.mean([got[k] / gptq[k] for k in gptq]) < 0.97, (got, gptq)   # measured: 0.908
+    assert np.mean([got[k] / gptq[k] for k in gptq]) < 0.97, (got, gptq)   # measured: 0.914
     held_g = rel_mse(ort_run(env.quantize("--algo", "awq_gptq")[0].path, env.held), env.float_out)
     held = rel_mse(ort_run(env.quantize("--algo", "awq_learned")[0].path, env.held), env.float_out)
-    # On held-out tokens it is no better here (measured: 1.015 of awq_gptq's error): 8 x 32 calibration tokens
-    # fit a K = 200 XᵀX loosely, and what the codes learn beyond GPTQ's is partly those tokens' own.
-    assert np.mean([held[k] / held_g[k] for k in held_g]) < 1.05
+    # On held-out tokens barely (measured: 0.995 of awq_gptq's error; 1.015 before each weight was kept to
+    # the levels around its value and GPTQ's): 8 x 32 calibration tokens fit a K = 200 XᵀX loosely, and
+    # what the codes learn beyond GPTQ's is partly those tokens' own.
+    assert np.mean([held[k] / held_g[k] for k in held_g]) < 1.03
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -35,6 +35,7 @@ RUNS = {
     "awq_gptq": ["--algo", "awq_gptq"],
     "gptq_zp_mnb": ["--algo", "gptq", "--use_zero_point", "--format", "matmulnbits"],
     "awq_gptq_mnb": ["--algo", "awq_gptq", "--format", "matmulnbits"],
+    "awq_learned": ["--algo", "awq_learned"],
     "hqq": ["--algo", "hqq"],
     "hqq_mnb": ["--algo", "hqq", "--format", "matmulnbits"],
 }

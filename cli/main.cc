@@ -295,6 +295,18 @@ CLI::App* add_selftest_command(CLI::App& app, SelftestArgs& a) {
   return selftest;
 }
 
+CLI::App* add_forward_command(CLI::App& app, nibble::ForwardArgs& a) {
+  CLI::App* fwd = app.add_subcommand(
+      "forward", "Run the model's graph on nibble's own layer engine (no ONNX Runtime) and write chosen values; "
+      "a check of the engine that calibration is moving to");
+  fwd->add_option("--onnx_path", a.onnx_path, "The model")->required();
+  fwd->add_option("--feeds", a.feeds, "Folder with index.json naming the graph inputs as raw arrays")->required();
+  fwd->add_option("--values", a.values, "Names of the values to write (graph inputs, outputs or intermediates)")
+      ->required()->delimiter(',');
+  fwd->add_option("--out", a.out, "Folder the values and their index.json are written to")->required();
+  return fwd;
+}
+
 CLI::App* add_methods_command(CLI::App& app, bool& json) {
   CLI::App* methods = app.add_subcommand(
       "methods", "List the quantization methods (--algo): what each calibrates, whether --awq_mode modelopt runs "
@@ -368,6 +380,8 @@ int main(int argc, char** argv) {
   CLI::App* selftest = add_selftest_command(app, selftest_args);
   bool methods_json = false;
   CLI::App* methods = add_methods_command(app, methods_json);
+  nibble::ForwardArgs forward_args;
+  CLI::App* fwd = add_forward_command(app, forward_args);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
 
   try {
@@ -380,6 +394,7 @@ int main(int argc, char** argv) {
     }
     if (*eval) return nibble::run_eval(eval_opts);
     if (*methods) return nibble::run_methods(methods_json);
+    if (*fwd) return nibble::run_forward(forward_args);
     if (*selftest) {
       const uint64_t memory =
           selftest_args.memory.empty() ? 0 : nibble::parse_size(selftest_args.memory, "--device_memory");

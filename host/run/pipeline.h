@@ -23,4 +23,12 @@ int run_selftest(kernels::Device device, uint64_t device_memory);
 // `nibble methods`: the method registry, a table or (json) one JSON object on stdout. Returns the exit code.
 int run_methods(bool json);
 
+// `nibble forward`: the layer engine runs the whole graph of `onnx_path` on the feeds in the folder
+// `feeds` (forward/forward_files.h) and writes the named values to `out`. Returns the exit code.
+struct ForwardArgs {
+  std::string onnx_path, feeds, out;
+  std::vector<std::string> values;
+};
+int run_forward(const ForwardArgs& args);
+
 }  // namespace nibble

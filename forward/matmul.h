@@ -1,0 +1,13 @@
+// C[M, N] = A[M, K] · op(B) in float32, row-major, B [K, N] (or [N, K] when b_transposed): the one dense
+// product of the engine. matmul_ref is the definition (each output a float32 sum in k order);
+// matmul_blas is OpenBLAS's sgemm, the same products summed in its own order (tests/unit/test_forward.cc
+// bounds the difference).
+#pragma once
+#include <cstdint>
+
+namespace nibble::forward {
+
+void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
+void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
+
+}  // namespace nibble::forward

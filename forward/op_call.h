@@ -1,0 +1,58 @@
+// One node as an operator sees it: its attributes and its input values (null where an optional input is
+// omitted), and the registry of operators by ONNX domain and type (op_table.cc).
+#pragma once
+#include <onnx/onnx-ml.pb.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "forward/value.h"
+
+namespace nibble::forward {
+
+struct OpCall {
+  const onnx::NodeProto& node;
+  std::vector<const Value*> in;
+  bool float32_on_cpu = false;  // the operator's entry: results of fp16/bf16 type stay wide
+
+  // A float result: wide where the operator runs in float32 on ONNX Runtime's CPU provider, else rounded.
+  Value result(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) const {
+    return from_floats(dtype, std::move(shape), values, float32_on_cpu);
+  }
+
+  // Input i, or null when the node omits it (an empty name or fewer inputs).
+  const Value* input(size_t i) const { return i < in.size() ? in[i] : nullptr; }
+  // Input i, which the operator needs: a one-line Error naming the node when it is missing.
+  const Value& need(size_t i) const;
+  int64_t int_attr(const std::string& name, int64_t dflt) const;
+  float float_attr(const std::string& name, float dflt) const;
+  std::vector<int64_t> ints_attr(const std::string& name) const;  // empty when absent
+  bool has_attr(const std::string& name) const;
+  const onnx::TensorProto* tensor_attr(const std::string& name) const;
+  // A one-line Error "forward: <op> node '<name>': <what>".
+  [[noreturn]] void fail(const std::string& what) const;
+};
+
+// An operator: the node's output values in order (an output the node does not name may be left empty).
+using OpFn = std::function<std::vector<Value>(const OpCall&)>;
+
+// float32_on_cpu: ONNX Runtime's CPU provider has no fp16 kernel for it and runs it in float32 between
+// Casts it inserts (and drops between two such operators): its fp16 results are not rounded until an
+// operator with an fp16 kernel reads them. The others get their inputs rounded (GraphRun does that).
+struct OpEntry {
+  OpFn fn;
+  bool float32_on_cpu = false;
+};
+
+// The operator for (domain, type), or null when the engine does not know it. "" and "ai.onnx" are the
+// standard domain; ONNX Runtime's own operators are under "com.microsoft" (SimplifiedLayerNormalization,
+// which ORT also registers in the standard domain, is found under both).
+const OpEntry* find_op(const std::string& domain, const std::string& op_type);
+// Every known operator as "domain:type", sorted (for messages and docs).
+std::vector<std::string> known_ops();
+
+// A negative axis counted from the end, checked against the rank.
+int64_t normalize_axis(const OpCall& c, int64_t axis, size_t rank);
+
+}  // namespace nibble::forward

@@ -1,0 +1,160 @@
+// GroupQueryAttention (com.microsoft), as ONNX Runtime GenAI's model builder emits it for a prompt with an
+// empty past: query [B, S, Hq·D] (or q, k, v packed in it), rotary embedding inside (do_rotary, the cos/sin
+// caches, positions 0..S-1), causal softmax over the first seqlens_k[b] + 1 keys, an optional local window
+// and softcap; outputs the context [B, S, Hq·D] and present key/value [B, Hkv, S, D].
+//
+// Per ONNX Runtime's CPU kernel: rotated q and k are rounded to the value's type; scores, softmax and the
+// context are float32, the context rounded once. A query row past its sequence's length (right padding)
+// attends to the sequence's keys only (ONNX Runtime's CPU kernel leaves those rows undefined).
+#include <cmath>
+
+#include "forward/op_table.h"
+#include "kernels/parallel.h"
+
+namespace nibble::forward {
+
+namespace {
+
+struct Gqa {
+  int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
+  float scale = 0.0f, softcap = 0.0f;
+  int64_t window = -1;
+  bool rotary = false, interleaved = false;
+  int64_t rot_half = 0;  // cos/sin cache width: rotary dimension / 2
+};
+
+// x (D floats) rotated in place for position `pos` (ONNX Runtime's rotary: halves or interleaved pairs).
+void rotate(float* x, const Gqa& g, const std::vector<float>& cos, const std::vector<float>& sin, int64_t pos) {
+  const float* cs = cos.data() + pos * g.rot_half;
+  const float* sn = sin.data() + pos * g.rot_half;
+  for (int64_t i = 0; i < g.rot_half; ++i) {
+    const int64_t a = g.interleaved ? 2 * i : i, b = g.interleaved ? 2 * i + 1 : i + g.rot_half;
+    const float xa = x[a], xb = x[b];
+    x[a] = xa * cs[i] - xb * sn[i];
+    x[b] = xb * cs[i] + xa * sn[i];
+  }
+}
+
+// q, k, v as [B, H, S, D] float32, rotated and rounded to `t`.
+struct Heads {
+  std::vector<float> q, k, v;
+};
+
+Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
+  const Value& query = c.need(0);
+  const bool packed = !c.input(1);
+  const auto qf = to_floats(query);
+  const std::vector<float> kf = packed ? std::vector<float>{} : to_floats(c.need(1));
+  const std::vector<float> vf = packed ? std::vector<float>{} : to_floats(c.need(2));
+  std::vector<float> cos, sin;
+  if (g.rotary) {
+    cos = to_floats(c.need(7));
+    sin = to_floats(c.need(8));
+    if (int64_t(cos.size()) < g.S * g.rot_half) c.fail("the cos/sin caches hold fewer than " + std::to_string(g.S) + " positions");
+  }
+  Heads h{std::vector<float>(size_t(g.B * g.Hq * g.S * g.D)), std::vector<float>(size_t(g.B * g.Hkv * g.S * g.D)),
+          std::vector<float>(size_t(g.B * g.Hkv * g.S * g.D))};
+  const int64_t width = packed ? (g.Hq + 2 * g.Hkv) * g.D : 0;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t s = 0; s < g.S; ++s) {
+      auto src = [&](const std::vector<float>& x, int64_t row_width, int64_t col) { return x.data() + (b * g.S + s) * row_width + col; };
+      for (int64_t hd = 0; hd < g.Hq; ++hd) {
+        float* dq = h.q.data() + ((b * g.Hq + hd) * g.S + s) * g.D;
+        std::copy_n(packed ? src(qf, width, hd * g.D) : src(qf, g.Hq * g.D, hd * g.D), g.D, dq);
+        if (g.rotary) rotate(dq, g, cos, sin, s);
+      }
+      for (int64_t hd = 0; hd < g.Hkv; ++hd) {
+        float* dk = h.k.data() + ((b * g.Hkv + hd) * g.S + s) * g.D;
+        float* dv = h.v.data() + ((b * g.Hkv + hd) * g.S + s) * g.D;
+        std::copy_n(packed ? src(qf, width, (g.Hq + hd) * g.D) : src(kf, g.Hkv * g.D, hd * g.D), g.D, dk);
+        std::copy_n(packed ? src(qf, width, (g.Hq + g.Hkv + hd) * g.D) : src(vf, g.Hkv * g.D, hd * g.D), g.D, dv);
+        if (g.rotary) rotate(dk, g, cos, sin, s);
+      }
+    }
+  for (auto* x : {&h.q, &h.k, &h.v})
+    for (float& f : *x) f = round_to(t, f);
+  return h;
+}
+
+// One (batch, head): the context rows [S, D] into out ([B, S, Hq·D]).
+void attend(const Gqa& g, const Heads& h, int64_t b, int64_t hd, int64_t keys, std::vector<float>& out) {
+  const int64_t kv = hd / (g.Hq / g.Hkv);
+  const float* q = h.q.data() + (b * g.Hq + hd) * g.S * g.D;
+  const float* k = h.k.data() + (b * g.Hkv + kv) * g.S * g.D;
+  const float* v = h.v.data() + (b * g.Hkv + kv) * g.S * g.D;
+  std::vector<float> p(static_cast<size_t>(g.S));
+  for (int64_t s = 0; s < g.S; ++s) {
+    const int64_t end = std::min(s + 1, keys);
+    const int64_t begin = g.window > 0 && end > g.window + 1 ? end - g.window - 1 : 0;
+    float m = -INFINITY;
+    for (int64_t j = begin; j < end; ++j) {
+      float d = 0.0f;
+      for (int64_t i = 0; i < g.D; ++i) d += q[s * g.D + i] * k[j * g.D + i];
+      d *= g.scale;
+      if (g.softcap > 0.0f) d = g.softcap * std::tanh(d / g.softcap);
+      p[size_t(j)] = d;
+      m = std::max(m, d);
+    }
+    float sum = 0.0f;
+    for (int64_t j = begin; j < end; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - m);
+    float* o = out.data() + ((b * g.S + s) * g.Hq + hd) * g.D;
+    for (int64_t i = 0; i < g.D; ++i) o[i] = 0.0f;
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = p[size_t(j)] / sum;
+      for (int64_t i = 0; i < g.D; ++i) o[i] += w * v[j * g.D + i];
+    }
+  }
+}
+
+Gqa read_gqa(const OpCall& c) {
+  const Value& query = c.need(0);
+  if (query.shape.size() != 3) c.fail("query must be [batch, sequence, hidden], got " + shape_text(query.shape));
+  Gqa g;
+  g.B = query.shape[0];
+  g.S = query.shape[1];
+  g.Hq = c.int_attr("num_heads", 0);
+  g.Hkv = c.int_attr("kv_num_heads", 0);
+  if (g.Hq <= 0 || g.Hkv <= 0 || g.Hq % g.Hkv) c.fail("num_heads and kv_num_heads must be positive, kv dividing q");
+  const int64_t width = query.shape[2];
+  g.D = c.input(1) ? width / g.Hq : width / (g.Hq + 2 * g.Hkv);
+  g.scale = c.float_attr("scale", 0.0f);
+  if (g.scale == 0.0f) g.scale = 1.0f / std::sqrt(float(g.D));
+  g.softcap = c.float_attr("softcap", 0.0f);
+  g.window = c.int_attr("local_window_size", -1);
+  g.rotary = c.int_attr("do_rotary", 0) != 0;
+  g.interleaved = c.int_attr("rotary_interleaved", 0) != 0;
+  if (c.int_attr("smooth_softmax", 0)) c.fail("smooth_softmax is not supported");
+  for (size_t i = 9; i < c.in.size(); ++i)
+    if (c.in[i]) c.fail("input " + std::to_string(i) + " (position ids, attention bias, head sink) is not supported");
+  for (size_t i : {size_t(3), size_t(4)})
+    if (c.input(i) && c.input(i)->numel() != 0) c.fail("a non-empty past key/value (only a prompt is supported)");
+  if (g.rotary) {
+    const Value& cos = c.need(7);
+    if (cos.shape.size() != 2 || 2 * cos.shape[1] > g.D) c.fail("cos_cache of " + shape_text(cos.shape) + " for head size " + std::to_string(g.D));
+    g.rot_half = cos.shape[1];
+  }
+  return g;
+}
+
+std::vector<Value> group_query_attention(const OpCall& c) {
+  const Gqa g = read_gqa(c);
+  const DType t = c.need(0).dtype;
+  const auto seqlens = to_ints(c.need(5));
+  const auto total = to_ints(c.need(6));
+  if (int64_t(seqlens.size()) != g.B) c.fail("seqlens_k has " + std::to_string(seqlens.size()) + " values for batch " + std::to_string(g.B));
+  if (total.size() != 1 || total[0] != g.S) c.fail("total_sequence_length must equal the sequence length (a prompt)");
+  const Heads h = split_heads(c, g, t);
+  std::vector<float> out(static_cast<size_t>(g.B * g.S * g.Hq * g.D));
+  kernels::parallel_for(g.B * g.Hq, [&](int64_t i) {
+    const int64_t b = i / g.Hq;
+    attend(g, h, b, i % g.Hq, std::min(g.S, seqlens[size_t(b)] + 1), out);
+  });
+  return {from_floats(t, {g.B, g.S, g.Hq * g.D}, out), from_floats(t, {g.B, g.Hkv, g.S, g.D}, h.k),
+          from_floats(t, {g.B, g.Hkv, g.S, g.D}, h.v)};
+}
+
+}  // namespace
+
+void add_attention_ops(OpTable& t) { t["com.microsoft:GroupQueryAttention"] = {group_query_attention, false}; }
+
+}  // namespace nibble::forward

@@ -1,0 +1,142 @@
+// Element-wise operators: float values are computed in float32 and each result rounded to the value's
+// type (what ONNX Runtime's CPU kernels do for fp16, one operator at a time); integer values in int64.
+#include <cmath>
+
+#include "forward/broadcast.h"
+#include "forward/op_table.h"
+
+namespace nibble::forward {
+
+namespace {
+
+enum class Binary { kAdd, kSub, kMul, kDiv, kPow };
+
+float apply_float(Binary op, float a, float b) {
+  switch (op) {
+    case Binary::kAdd: return a + b;
+    case Binary::kSub: return a - b;
+    case Binary::kMul: return a * b;
+    case Binary::kDiv: return a / b;
+    case Binary::kPow: return b == 2.0f ? a * a : std::pow(a, b);
+  }
+  return 0.0f;
+}
+
+int64_t apply_int(const OpCall& c, Binary op, int64_t a, int64_t b) {
+  switch (op) {
+    case Binary::kAdd: return a + b;
+    case Binary::kSub: return a - b;
+    case Binary::kMul: return a * b;
+    case Binary::kDiv:
+      if (b == 0) c.fail("integer division by zero");
+      return a / b;
+    case Binary::kPow: return int64_t(std::pow(double(a), double(b)));
+  }
+  return 0;
+}
+
+std::vector<Value> binary(const OpCall& c, Binary op) {
+  const Value& a = c.need(0);
+  const Value& b = c.need(1);
+  const auto out_shape = broadcast_shape(c, {a.shape, b.shape});
+  const std::vector<int64_t> strides[2] = {broadcast_strides(a.shape, out_shape),
+                                           broadcast_strides(b.shape, out_shape)};
+  if (a.is_float()) {
+    if (!b.is_float()) c.fail("a float and an integer operand");
+    std::vector<float> r(static_cast<size_t>(numel_of(out_shape)));
+    const DType ta = a.storage(), tb = b.storage();
+    if (ta == DType::kFloat32 && tb == DType::kFloat32) {
+      const float* x = a.as<float>();
+      const float* y = b.as<float>();
+      for_each_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) { r[size_t(i)] = apply_float(op, x[ia], y[ib]); });
+    } else {
+      for_each_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
+        r[size_t(i)] = apply_float(op, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
+      });
+    }
+    return {c.result(a.dtype, out_shape, r)};
+  }
+  const auto x = to_ints(a);
+  const auto y = to_ints(b);
+  std::vector<int64_t> r(static_cast<size_t>(numel_of(out_shape)));
+  for_each_broadcast(out_shape, strides,
+                     [&](int64_t i, int64_t ia, int64_t ib) { r[size_t(i)] = apply_int(c, op, x[size_t(ia)], y[size_t(ib)]); });
+  return {from_ints(a.dtype, out_shape, r)};
+}
+
+template <class F>
+std::vector<Value> unary(const OpCall& c, F f) {
+  const Value& a = c.need(0);
+  if (!a.is_float()) c.fail("expects a float input, got " + dtype_name(a.dtype));
+  std::vector<float> x = to_floats(a);
+  for (float& v : x) v = f(v);
+  return {c.result(a.dtype, a.shape, x)};
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2))); }
+float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+std::vector<Value> cast(const OpCall& c) {
+  const Value& a = c.need(0);
+  const DType to = DType(c.int_attr("to", 0));
+  if (to == a.dtype) return {a};
+  if (is_quantizable_float(to)) {
+    if (a.is_float()) return {from_floats(to, a.shape, to_floats(a))};
+    const auto x = to_ints(a);
+    std::vector<float> f(x.begin(), x.end());
+    return {from_floats(to, a.shape, f)};
+  }
+  if (to == DType::kInt64 || to == DType::kInt32 || to == DType::kInt8 || to == DType::kUInt8) {
+    if (!a.is_float()) return {from_ints(to, a.shape, to_ints(a))};
+    const auto f = to_floats(a);
+    std::vector<int64_t> x(f.size());
+    for (size_t i = 0; i < f.size(); ++i) x[i] = int64_t(f[i]);
+    return {from_ints(to, a.shape, x)};
+  }
+  c.fail("cast to " + dtype_name(int(to)) + " is not supported");
+}
+
+// Gelu / FastGelu (com.microsoft): FastGelu's optional bias is added first.
+std::vector<Value> gelu(const OpCall& c, bool fast) {
+  const Value& a = c.need(0);
+  std::vector<float> x = to_floats(a);
+  if (const Value* bias = c.input(1)) {
+    const auto b = to_floats(*bias);
+    if (b.empty() || x.size() % b.size()) c.fail("bias of " + shape_text(bias->shape) + " does not divide the input");
+    for (size_t i = 0; i < x.size(); ++i) x[i] += b[i % b.size()];
+  }
+  for (float& v : x) v = fast ? gelu_tanh(v) : gelu_erf(v);
+  return {c.result(a.dtype, a.shape, x)};
+}
+
+}  // namespace
+
+void add_elementwise_ops(OpTable& t) {
+  t[":Add"] = {[](const OpCall& c) { return binary(c, Binary::kAdd); }, true};
+  t[":Sub"] = {[](const OpCall& c) { return binary(c, Binary::kSub); }, true};
+  t[":Mul"] = {[](const OpCall& c) { return binary(c, Binary::kMul); }, true};
+  t[":Div"] = {[](const OpCall& c) { return binary(c, Binary::kDiv); }, true};
+  t[":Pow"] = {[](const OpCall& c) { return binary(c, Binary::kPow); }, true};
+  t[":Sqrt"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::sqrt(x); }); }, true};
+  t[":Reciprocal"] = {[](const OpCall& c) { return unary(c, [](float x) { return 1.0f / x; }); }, true};
+  t[":Neg"] = {[](const OpCall& c) { return unary(c, [](float x) { return -x; }); }, true};
+  t[":Exp"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::exp(x); }); }, true};
+  t[":Tanh"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::tanh(x); }); }, true};
+  t[":Erf"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::erf(x); }); }, true};
+  t[":Relu"] = {[](const OpCall& c) { return unary(c, [](float x) { return x > 0.0f ? x : 0.0f; }); }, true};
+  t[":Sigmoid"] = {[](const OpCall& c) { return unary(c, sigmoid); }, true};
+  t[":Cast"] = {cast, false};
+  t[":Gelu"] = {[](const OpCall& c) {  // opset 20: approximate = "none" | "tanh"
+    for (const auto& a : c.node.attribute())
+      if (a.name() == "approximate" && a.s() == "tanh") return gelu(c, true);
+    return gelu(c, false);
+  }, true};
+  t["com.microsoft:Gelu"] = {[](const OpCall& c) { return gelu(c, false); }, true};
+  t["com.microsoft:FastGelu"] = {[](const OpCall& c) { return gelu(c, true); }, true};
+}
+
+}  // namespace nibble::forward

@@ -1,0 +1,80 @@
+// MatMul (numpy's batched product, leading axes broadcast) and Gemm, in float32 through matmul_blas;
+// fp16/bf16 operands are widened first and the result rounded once to their type.
+#include "forward/broadcast.h"
+#include "forward/matmul.h"
+#include "forward/op_table.h"
+
+namespace nibble::forward {
+
+namespace {
+
+// A float value's elements as float32: a view for float32, else a widened copy kept in `keep`.
+const float* floats_of(const Value& v, std::vector<float>& keep) {
+  if (v.storage() == DType::kFloat32) return v.as<float>();
+  keep = to_floats(v);
+  return keep.data();
+}
+
+std::vector<Value> matmul(const OpCall& c) {
+  const Value& a = c.need(0);
+  const Value& b = c.need(1);
+  if (!a.is_float() || !b.is_float()) c.fail("float operands only");
+  if (a.shape.size() < 2 || b.shape.size() < 2) c.fail("1-D operands are not supported");
+  const int64_t M = a.shape[a.shape.size() - 2], K = a.shape.back();
+  const int64_t N = b.shape.back();
+  if (b.shape[b.shape.size() - 2] != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
+  std::vector<int64_t> a_batch(a.shape.begin(), a.shape.end() - 2), b_batch(b.shape.begin(), b.shape.end() - 2);
+  std::vector<float> ka, kb;
+  const float* A = floats_of(a, ka);
+  const float* B = floats_of(b, kb);
+  if (b_batch.empty()) {  // the weight case: every row of A against one B
+    const int64_t rows = a.numel() / K;
+    std::vector<float> out(static_cast<size_t>(rows * N));
+    matmul_blas(A, B, out.data(), rows, K, N, false);
+    auto shape = a.shape;
+    shape.back() = N;
+    return {c.result(a.dtype, shape, out)};
+  }
+  const auto batch = broadcast_shape(c, {a_batch, b_batch});
+  const std::vector<int64_t> strides[2] = {broadcast_strides(a_batch, batch), broadcast_strides(b_batch, batch)};
+  auto shape = batch;
+  shape.push_back(M);
+  shape.push_back(N);
+  std::vector<float> out(static_cast<size_t>(numel_of(shape)));
+  for_each_broadcast(batch, strides, [&](int64_t i, int64_t ia, int64_t ib) {
+    matmul_blas(A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false);
+  });
+  return {c.result(a.dtype, shape, out)};
+}
+
+// Gemm: alpha · op(A) · op(B) + beta · C, A and B 2-D.
+std::vector<Value> gemm(const OpCall& c) {
+  const Value& a = c.need(0);
+  const Value& b = c.need(1);
+  if (a.shape.size() != 2 || b.shape.size() != 2) c.fail("A and B must be 2-D");
+  if (c.int_attr("transA", 0)) c.fail("transA is not supported");
+  const bool tb = c.int_attr("transB", 0) != 0;
+  const int64_t M = a.shape[0], K = a.shape[1], N = tb ? b.shape[0] : b.shape[1];
+  if ((tb ? b.shape[1] : b.shape[0]) != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
+  std::vector<float> ka, kb;
+  std::vector<float> out(static_cast<size_t>(M * N));
+  matmul_blas(floats_of(a, ka), floats_of(b, kb), out.data(), M, K, N, tb);
+  const float alpha = c.float_attr("alpha", 1.0f), beta = c.float_attr("beta", 1.0f);
+  for (float& v : out) v *= alpha;
+  if (const Value* cv = c.input(2)) {
+    const auto bias = to_floats(*cv);
+    const auto shape = broadcast_shape(c, {cv->shape, {M, N}});
+    const std::vector<int64_t> strides[1] = {broadcast_strides(cv->shape, shape)};
+    for_each_broadcast(shape, strides, [&](int64_t i, int64_t o) { out[size_t(i)] += beta * bias[size_t(o)]; });
+  }
+  return {c.result(a.dtype, {M, N}, out)};
+}
+
+}  // namespace
+
+void add_matmul_ops(OpTable& t) {
+  t[":MatMul"] = {matmul, true};
+  t[":Gemm"] = {gemm, true};
+}
+
+}  // namespace nibble::forward

@@ -1,0 +1,134 @@
+// The normalisations of decoder layers: RMS norm (SimplifiedLayerNormalization) and LayerNormalization,
+// and ONNX Runtime's fused forms that add a residual first (Skip*). Each row in float32; the residual sum
+// that a Skip* operator also returns is rounded to the value's type, the normalisation reads it unrounded
+// (as ONNX Runtime's CPU kernels do).
+#include <cmath>
+
+#include "forward/op_table.h"
+#include "kernels/parallel.h"
+
+namespace nibble::forward {
+
+namespace {
+
+struct NormParts {
+  const Value* x = nullptr;
+  const Value* skip = nullptr;
+  const Value* bias = nullptr;
+  const Value* gamma = nullptr;
+  const Value* beta = nullptr;
+};
+
+// Normalises the rows of x (+ skip + bias) over their last `width` elements. outputs: y, and the sum
+// when `with_sum`.
+std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width, bool rms, bool with_sum) {
+  const Value& x = *p.x;
+  const DType t = x.dtype;
+  const int64_t rows = width ? x.numel() / width : 0;
+  const auto g = to_floats(*p.gamma);
+  if (int64_t(g.size()) != width) c.fail("scale has " + std::to_string(g.size()) + " values for rows of " + std::to_string(width));
+  const std::vector<float> b = p.beta ? to_floats(*p.beta) : std::vector<float>{};
+  std::vector<float> y(static_cast<size_t>(x.numel())), sum(with_sum ? y.size() : 0);
+  const std::vector<float> xs = to_floats(x);
+  const std::vector<float> ss = p.skip ? to_floats(*p.skip) : std::vector<float>{};
+  const std::vector<float> bias = p.bias ? to_floats(*p.bias) : std::vector<float>{};
+  if (p.skip && ss.size() != xs.size()) c.fail("skip of " + shape_text(p.skip->shape) + " for input " + shape_text(x.shape));
+  const float eps = c.float_attr("epsilon", 1e-5f);
+  kernels::parallel_for((rows + 63) / 64, [&](int64_t chunk) {
+    std::vector<float> v(static_cast<size_t>(width));
+    for (int64_t r = chunk * 64; r < std::min(rows, chunk * 64 + 64); ++r) {
+      const size_t o = size_t(r * width);
+      double s1 = 0.0, s2 = 0.0;
+      for (int64_t j = 0; j < width; ++j) {
+        float a = xs[o + size_t(j)];
+        if (!ss.empty()) a += ss[o + size_t(j)];
+        if (!bias.empty()) a += bias[size_t(j)];
+        v[size_t(j)] = a;
+        if (with_sum) sum[o + size_t(j)] = a;
+        s1 += a;
+        s2 += double(a) * a;
+      }
+      const float mean = rms ? 0.0f : float(s1 / double(width));
+      const float var = rms ? float(s2 / double(width)) : float(s2 / double(width) - double(mean) * mean);
+      const float inv = 1.0f / std::sqrt(var + eps);
+      for (int64_t j = 0; j < width; ++j) {
+        float r2 = (v[size_t(j)] - mean) * inv * g[size_t(j)];
+        if (!b.empty()) r2 += b[size_t(j)];
+        y[o + size_t(j)] = r2;
+      }
+    }
+  });
+  std::vector<Value> out{from_floats(t, x.shape, y)};
+  if (with_sum) {
+    out.resize(4);
+    out[3] = from_floats(t, x.shape, sum);
+  }
+  return out;
+}
+
+int64_t width_from(const OpCall& c, const Value& x) {
+  const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), x.shape.size()));
+  int64_t w = 1;
+  for (size_t i = axis; i < x.shape.size(); ++i) w *= x.shape[i];
+  return w;
+}
+
+std::vector<Value> simplified(const OpCall& c) {
+  NormParts p;
+  p.x = &c.need(0);
+  p.gamma = &c.need(1);
+  return normalize(c, p, width_from(c, *p.x), true, false);
+}
+
+std::vector<Value> layer_norm(const OpCall& c) {
+  NormParts p;
+  p.x = &c.need(0);
+  p.gamma = &c.need(1);
+  p.beta = c.input(2);
+  return normalize(c, p, width_from(c, *p.x), false, false);
+}
+
+// SkipSimplifiedLayerNormalization(input, skip, gamma, bias) and
+// SkipLayerNormalization(input, skip, gamma, beta, bias): outputs y, mean, inv_std_var, input + skip + bias.
+std::vector<Value> skip_norm(const OpCall& c, bool rms) {
+  NormParts p;
+  p.x = &c.need(0);
+  p.skip = &c.need(1);
+  p.gamma = &c.need(2);
+  p.beta = rms ? nullptr : c.input(3);
+  p.bias = c.input(rms ? 3 : 4);
+  const bool with_sum = c.node.output_size() > 3 && !c.node.output(3).empty();
+  return normalize(c, p, p.x->shape.empty() ? 1 : p.x->shape.back(), rms, with_sum);
+}
+
+// LpNormalization(p = 2): each row over `axis` divided by its Euclidean norm (the e2e Llama models' RMS norm
+// with sqrt(H) folded into the gamma).
+std::vector<Value> lp_norm(const OpCall& c) {
+  const Value& x = c.need(0);
+  if (c.int_attr("p", 2) != 2) c.fail("only p = 2 is supported");
+  const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), x.shape.size()));
+  if (axis + 1 != x.shape.size()) c.fail("only the last axis is supported");
+  std::vector<float> v = to_floats(x);
+  const int64_t w = x.shape.back();
+  for (size_t r = 0; w && r < v.size() / size_t(w); ++r) {
+    float* row = v.data() + r * size_t(w);
+    double s = 0.0;
+    for (int64_t j = 0; j < w; ++j) s += double(row[j]) * row[j];
+    const float norm = float(std::sqrt(s));
+    for (int64_t j = 0; j < w; ++j) row[j] = norm > 0.0f ? row[j] / norm : 0.0f;
+  }
+  return {c.result(x.dtype, x.shape, v)};
+}
+
+}  // namespace
+
+void add_norm_ops(OpTable& t) {
+  t[":SimplifiedLayerNormalization"] = {simplified, false};  // ONNX Runtime registers it in the standard domain
+  t["com.microsoft:SimplifiedLayerNormalization"] = {simplified, false};
+  t[":LayerNormalization"] = {layer_norm, false};
+  t[":LpNormalization"] = {lp_norm, true};
+  t["com.microsoft:SkipSimplifiedLayerNormalization"] = {[](const OpCall& c) { return skip_norm(c, true); }, false};
+  t["com.microsoft:SkipLayerNormalization"] = {[](const OpCall& c) { return skip_norm(c, false); }, false};
+}
+
+}  // namespace nibble::forward

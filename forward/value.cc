@@ -1,0 +1,96 @@
+#include "forward/value.h"
+
+#include <cstring>
+
+#include "loaders/error.h"
+
+namespace nibble::forward {
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t Value::numel() const { return numel_of(shape); }
+
+Value new_value(DType dtype, std::vector<int64_t> shape, void** out) {
+  Value v{dtype, std::move(shape), nullptr, {}};
+  const size_t n = v.bytes();
+  if (dtype_size(dtype) == 0) throw Error("forward: no storage for element type " + dtype_name(dtype));
+  auto bytes = std::shared_ptr<uint8_t>(new uint8_t[n ? n : 1](), std::default_delete<uint8_t[]>());
+  v.data = bytes.get();
+  v.hold = bytes;
+  *out = bytes.get();
+  return v;
+}
+
+Value view_value(DType dtype, std::vector<int64_t> shape, const void* data) {
+  return Value{dtype, std::move(shape), data, {}};
+}
+
+std::vector<float> to_floats(const Value& v) {
+  if (!v.is_float()) throw Error("forward: expected a float tensor, got " + dtype_name(v.dtype));
+  const int64_t n = v.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  if (v.storage() == DType::kFloat32) {
+    if (n) std::memcpy(out.data(), v.data, size_t(n) * 4);
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = load_float(v.dtype, v.data, size_t(i));
+  return out;
+}
+
+Value from_floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values, bool wide) {
+  void* p = nullptr;
+  wide = wide && dtype != DType::kFloat32;
+  Value v = new_value(wide ? DType::kFloat32 : dtype, std::move(shape), &p);
+  v.dtype = dtype;
+  v.wide = wide;
+  if (v.storage() == DType::kFloat32) {
+    if (!values.empty()) std::memcpy(p, values.data(), values.size() * 4);
+    return v;
+  }
+  for (size_t i = 0; i < values.size(); ++i) store_float(dtype, p, i, round_to(dtype, values[i]));
+  return v;
+}
+
+Value narrow(const Value& v) { return v.wide ? from_floats(v.dtype, v.shape, to_floats(v)) : v; }
+
+std::vector<int64_t> to_ints(const Value& v) {
+  const int64_t n = v.numel();
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    switch (v.dtype) {
+      case DType::kInt64: out[size_t(i)] = v.as<int64_t>()[i]; break;
+      case DType::kInt32: out[size_t(i)] = v.as<int32_t>()[i]; break;
+      case DType::kInt8: out[size_t(i)] = v.as<int8_t>()[i]; break;
+      case DType::kUInt8: out[size_t(i)] = v.as<uint8_t>()[i]; break;
+      default: throw Error("forward: expected an integer tensor, got " + dtype_name(v.dtype));
+    }
+  }
+  return out;
+}
+
+Value from_ints(DType dtype, std::vector<int64_t> shape, const std::vector<int64_t>& values) {
+  void* p = nullptr;
+  Value v = new_value(dtype, std::move(shape), &p);
+  for (size_t i = 0; i < values.size(); ++i) {
+    switch (dtype) {
+      case DType::kInt64: static_cast<int64_t*>(p)[i] = values[i]; break;
+      case DType::kInt32: static_cast<int32_t*>(p)[i] = int32_t(values[i]); break;
+      case DType::kInt8: static_cast<int8_t*>(p)[i] = int8_t(values[i]); break;
+      case DType::kUInt8: static_cast<uint8_t*>(p)[i] = uint8_t(values[i]); break;
+      default: throw Error("forward: no integer storage for " + dtype_name(dtype));
+    }
+  }
+  return v;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace nibble::forward

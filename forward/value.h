@@ -1,0 +1,56 @@
+// The layer engine's values: what one ONNX tensor holds while the engine runs a graph. An element type,
+// a shape, and bytes that are either the engine's own (an operator's result) or a view of memory that
+// outlives the run (an initializer in the model's memory map, a feed the caller keeps).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace nibble::forward {
+
+// `wide`: an fp16/bf16 value held unrounded in float32 (the result of an operator ONNX Runtime's CPU
+// provider runs in float32 between Casts it inserts: see graph_run.h); `dtype` stays the graph's type.
+struct Value {
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  std::shared_ptr<const void> hold;  // keeps `data` alive where the value owns it
+  bool wide = false;
+
+  int64_t numel() const;
+  DType storage() const { return wide ? DType::kFloat32 : dtype; }
+  size_t bytes() const { return size_t(numel()) * dtype_size(storage()); }
+  bool is_float() const { return is_quantizable_float(dtype); }
+  bool present() const { return dtype != DType::kUndefined; }
+  template <class T>
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
+};
+
+// Elements of a shape (1 for a scalar).
+int64_t numel_of(const std::vector<int64_t>& shape);
+
+// A value of its own, zero-filled; *out points at its bytes for the operator to fill.
+Value new_value(DType dtype, std::vector<int64_t> shape, void** out);
+// A value that views memory the caller keeps alive for the run.
+Value view_value(DType dtype, std::vector<int64_t> shape, const void* data);
+
+// The elements of a float value as float32 (fp16 and bf16 widened; float32 and wide values copied).
+std::vector<float> to_floats(const Value& v);
+// A float value of type `dtype` from float32 elements, each rounded to `dtype`; with `wide`, an fp16/bf16
+// value keeps them unrounded in float32.
+Value from_floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values, bool wide = false);
+// A wide value rounded to its type (what ONNX Runtime's inserted Cast does); any other value as it is.
+Value narrow(const Value& v);
+// The elements of an integer value (int64, int32, int8, uint8) as int64.
+std::vector<int64_t> to_ints(const Value& v);
+Value from_ints(DType dtype, std::vector<int64_t> shape, const std::vector<int64_t>& values);
+
+// "[2, 3, 4]", for messages.
+std::string shape_text(const std::vector<int64_t>& shape);
+
+}  // namespace nibble::forward

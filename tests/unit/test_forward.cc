@@ -1,0 +1,81 @@
+// The layer engine's operators (forward/) on small arrays against their definitions: the sgemm product
+// against the plain reference within float32 summation error, broadcasting, the rounding policy of fp16
+// values (wide results of float32 operators, rounded where an fp16 operator reads them).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "forward/matmul.h"
+#include "forward/op_call.h"
+#include "forward/value.h"
+
+namespace nibble::forward {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(ForwardMatmul, BlasEqualsTheReferenceWithinSummationError) {
+  const int64_t M = 37, K = 91, N = 53;
+  const auto A = random_floats(size_t(M * K), 1);
+  for (bool bt : {false, true}) {
+    const auto B = random_floats(size_t(K * N), 2);
+    std::vector<float> ref(size_t(M * N)), fast(size_t(M * N));
+    matmul_ref(A.data(), B.data(), ref.data(), M, K, N, bt);
+    matmul_blas(A.data(), B.data(), fast.data(), M, K, N, bt);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double mag = 0.0;  // Σ|a·b|: the scale of float32 summation error in any order
+        for (int64_t k = 0; k < K; ++k) mag += std::fabs(A[size_t(m * K + k)] * (bt ? B[size_t(n * K + k)] : B[size_t(k * N + n)]));
+        const size_t i = size_t(m * N + n);
+        EXPECT_LE(std::fabs(double(ref[i]) - fast[i]), double(K) * 6e-8 * mag) << m << "," << n << " transposed " << bt;
+      }
+  }
+}
+
+std::vector<Value> call(const std::string& domain, const std::string& op, const std::vector<const Value*>& in) {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  node.set_name("n");
+  node.add_output("y");
+  const OpEntry* e = find_op(domain, op);
+  EXPECT_NE(e, nullptr) << op;
+  return e->fn(OpCall{node, in, e->float32_on_cpu});
+}
+
+TEST(ForwardOps, AddBroadcastsLikeNumpy) {
+  const Value a = from_floats(DType::kFloat32, {2, 3, 4}, random_floats(24, 3));
+  const Value b = from_floats(DType::kFloat32, {3, 1}, {10.0f, 20.0f, 30.0f});
+  const auto out = call("", "Add", {&a, &b});
+  ASSERT_EQ(out.at(0).shape, (std::vector<int64_t>{2, 3, 4}));
+  const auto x = to_floats(a), y = to_floats(out[0]);
+  for (size_t i = 0; i < 24; ++i) EXPECT_EQ(y[i], x[i] + 10.0f * float((i / 4) % 3 + 1)) << i;
+}
+
+TEST(ForwardOps, Fp16ResultsOfFloat32OperatorsStayWideUntilRounded) {
+  // 1 + 2^-12 is not an fp16 value: Mul keeps it (ONNX Runtime's CPU provider runs Mul in float32), a
+  // reader with an fp16 kernel sees it rounded to 1.
+  const float x = 1.0f + std::ldexp(1.0f, -12);
+  const Value a = from_floats(DType::kFloat16, {1}, {1.0f});
+  const Value bw = from_floats(DType::kFloat16, {1}, {x}, /*wide=*/true);
+  const auto out = call("", "Mul", {&a, &bw});
+  ASSERT_TRUE(out.at(0).wide);
+  EXPECT_EQ(to_floats(out[0])[0], x);
+  EXPECT_EQ(to_floats(narrow(out[0]))[0], 1.0f);
+  EXPECT_FALSE(find_op("com.microsoft", "SkipSimplifiedLayerNormalization")->float32_on_cpu);
+}
+
+TEST(ForwardOps, UnknownOperatorIsNotFound) {
+  EXPECT_EQ(find_op("", "Celu"), nullptr);
+  EXPECT_NE(find_op("ai.onnx", "MatMul"), nullptr);
+  EXPECT_NE(find_op("com.microsoft", "GroupQueryAttention"), nullptr);
+}
+
+}  // namespace
+}  // namespace nibble::forward

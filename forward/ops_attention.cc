@@ -1,7 +1,8 @@
 // GroupQueryAttention (com.microsoft), as ONNX Runtime GenAI's model builder emits it for a prompt with an
 // empty past: query [B, S, Hq·D] (or q, k, v packed in it), rotary embedding inside (do_rotary, the cos/sin
 // caches, positions 0..S-1), causal softmax over the first seqlens_k[b] + 1 keys, an optional local window
-// and softcap; outputs the context [B, S, Hq·D] and present key/value [B, Hkv, S, D].
+// (the last local_window_size keys, the query's own included: what ONNX Runtime 1.24's CPU kernel computes,
+// measured against it) and softcap; outputs the context [B, S, Hq·D] and present key/value [B, Hkv, S, D].
 //
 // Per ONNX Runtime's CPU kernel: rotated q and k are rounded to the value's type; scores, softmax and the
 // context are float32, the context rounded once. A query row past its sequence's length (right padding)
@@ -85,7 +86,7 @@ void attend(const Gqa& g, const Heads& h, int64_t b, int64_t hd, int64_t keys, s
   std::vector<float> p(static_cast<size_t>(g.S));
   for (int64_t s = 0; s < g.S; ++s) {
     const int64_t end = std::min(s + 1, keys);
-    const int64_t begin = g.window > 0 && end > g.window + 1 ? end - g.window - 1 : 0;
+    const int64_t begin = g.window > 0 && end > g.window ? end - g.window : 0;
     float m = -INFINITY;
     for (int64_t j = begin; j < end; ++j) {
       float d = 0.0f;

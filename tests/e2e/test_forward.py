@@ -147,3 +147,115 @@ def test_unknown_operator_is_named_in_one_line(nibble, tmp_path):
     r = nibble.run("forward", "--onnx_path", path, "--feeds", str(fd), "--values", "y", "--out", str(tmp_path / "o"))
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1] == f"nibble: error: the layer engine cannot run {path}: Celu at node 'odd'"
+
+
+# ---- Generated models of the other layer forms ONNX Runtime GenAI's builder emits --------------------------
+FORMS = {
+    # Gemma-3-like: sliding window and softcap in GroupQueryAttention, GELU (tanh) MLP, q, k, v fed apart.
+    "gemma3": dict(window=5, softcap=30.0, act="gelu_tanh", packed_qkv=False, gate_up_packed=False, rot_frac=1.0),
+    # Phi-3-like: packed qkv, gate and up in one MatMul sliced apart, SiLU, partial rotary (Phi-3.5/4 mini).
+    "phi3": dict(window=-1, softcap=0.0, act="silu", packed_qkv=True, gate_up_packed=True, rot_frac=0.5),
+}
+
+
+def make_genai_like(form: str, dtype: str, H: int = 128, heads: int = 4, kv_heads: int = 2, inter: int = 96,
+                    layers: int = 2, vocab: int = 128, seed: int = 3) -> onnx.ModelProto:
+    f = FORMS[form]
+    rng = np.random.default_rng(seed)
+    fdt = np.float16 if dtype == "fp16" else np.float32
+    et = ONNX_FLOAT[np.dtype(fdt)]
+    D = H // heads
+    inits, nodes = [], []
+
+    def init(name, arr):
+        inits.append(onnx.numpy_helper.from_array(np.asarray(arr).astype(arr.dtype if arr.dtype.kind == "i" else fdt), name))
+        return name
+
+    def w(name, k, n):
+        return init(name, (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32))
+
+    def node(op, ins, outs, name, domain=None, **attrs):
+        nodes.append(helper.make_node(op, ins, outs, name=name, domain=domain, **attrs))
+        return outs[0]
+
+    rot = int(D * f["rot_frac"]) // 2 * 2
+    inv = 1.0 / (10000.0 ** (np.arange(0, rot, 2) / rot))
+    ang = np.outer(np.arange(64), inv)
+    init("cos_cache", np.cos(ang).astype(np.float32))
+    init("sin_cache", np.sin(ang).astype(np.float32))
+    one = init("one", np.array([1], np.int64))
+    init("embed", rng.standard_normal((vocab, H)).astype(np.float32))
+    m = "/model/attn_mask_reformat"
+    node("ReduceSum", ["attention_mask", one], [f"{m}/rs"], f"{m}/ReduceSum", keepdims=1)
+    node("Sub", [f"{m}/rs", one], [f"{m}/sub"], f"{m}/Sub")
+    seqlens = node("Cast", [f"{m}/sub"], [f"{m}/seqlens"], f"{m}/Cast", to=TensorProto.INT32)
+    node("Shape", ["attention_mask"], [f"{m}/shape"], f"{m}/Shape")
+    node("Gather", [f"{m}/shape", init("idx1", np.array(1, np.int64))], [f"{m}/len"], f"{m}/Gather", axis=0)
+    total = node("Cast", [f"{m}/len"], [f"{m}/total"], f"{m}/Cast_1", to=TensorProto.INT32)
+    x = node("Gather", ["embed", "input_ids"], ["/model/embed/output_0"], "/model/embed/Gather")
+    skip = None
+    for i in range(layers):
+        p = f"/model/layers.{i}"
+        g1 = init(f"ln1.{i}", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+        if skip is None:
+            h = node("SimplifiedLayerNormalization", [x, g1], [f"{p}/ln1/output_0"], f"{p}/ln1", axis=-1, epsilon=1e-6)
+        else:
+            nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, g1],
+                                          [f"{p}/ln1/output_0", "", "", f"{p}/ln1/output_3"], name=f"{p}/ln1",
+                                          domain="com.microsoft", epsilon=1e-6))
+            h, x = f"{p}/ln1/output_0", f"{p}/ln1/output_3"
+        gqa_attrs = dict(num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0,
+                         local_window_size=f["window"], softcap=f["softcap"], scale=float(1 / np.sqrt(D)))
+        if f["packed_qkv"]:
+            qkv = node("MatMul", [h, w(f"qkv.{i}", H, (heads + 2 * kv_heads) * D)], [f"{p}/attn/qkv_proj/MatMul/output_0"],
+                       f"{p}/attn/qkv_proj/MatMul")
+            ins = [qkv, "", ""]
+        else:
+            ins = [node("MatMul", [h, w(f"{r}.{i}", H, n * D)], [f"{p}/attn/{r}_proj/MatMul/output_0"], f"{p}/attn/{r}_proj/MatMul")
+                   for r, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))]
+        att = node("GroupQueryAttention", ins + ["", "", seqlens, total, "cos_cache", "sin_cache"],
+                   [f"{p}/attn/GQA/output_0", f"{p}/attn/present_key", f"{p}/attn/present_value"], f"{p}/attn/GQA",
+                   domain="com.microsoft", **gqa_attrs)
+        o = node("MatMul", [att, w(f"o.{i}", heads * D, H)], [f"{p}/attn/o_proj/MatMul/output_0"], f"{p}/attn/o_proj/MatMul")
+        g2 = init(f"ln2.{i}", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+        nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, o, g2],
+                                      [f"{p}/ln2/output_0", "", "", f"{p}/ln2/output_3"], name=f"{p}/ln2",
+                                      domain="com.microsoft", epsilon=1e-6))
+        h2, x = f"{p}/ln2/output_0", f"{p}/ln2/output_3"
+        if f["gate_up_packed"]:
+            gu = node("MatMul", [h2, w(f"gate_up.{i}", H, 2 * inter)], [f"{p}/mlp/gate_up_proj/MatMul/output_0"],
+                      f"{p}/mlp/gate_up_proj/MatMul")
+            gate = node("Slice", [gu, init(f"s0.{i}", np.array([0], np.int64)), init(f"s1.{i}", np.array([inter], np.int64)),
+                                  init(f"ax.{i}", np.array([-1], np.int64))], [f"{p}/mlp/gate"], f"{p}/mlp/Slice")
+            up = node("Slice", [gu, f"s1.{i}", init(f"s2.{i}", np.array([2 * inter], np.int64)), f"ax.{i}"],
+                      [f"{p}/mlp/up"], f"{p}/mlp/Slice_1")
+        else:
+            gate = node("MatMul", [h2, w(f"gate.{i}", H, inter)], [f"{p}/mlp/gate_proj/MatMul/output_0"], f"{p}/mlp/gate_proj/MatMul")
+            up = node("MatMul", [h2, w(f"up.{i}", H, inter)], [f"{p}/mlp/up_proj/MatMul/output_0"], f"{p}/mlp/up_proj/MatMul")
+        if f["act"] == "silu":
+            sg = node("Sigmoid", [gate], [f"{p}/mlp/act/Sigmoid/output_0"], f"{p}/mlp/act/Sigmoid")
+            a = node("Mul", [gate, sg], [f"{p}/mlp/act/Mul/output_0"], f"{p}/mlp/act/Mul")
+        else:
+            a = node("FastGelu", [gate], [f"{p}/mlp/act/FastGelu/output_0"], f"{p}/mlp/act/FastGelu", domain="com.microsoft")
+        gu2 = node("Mul", [a, up], [f"{p}/mlp/Mul/output_0"], f"{p}/mlp/Mul")
+        skip = node("MatMul", [gu2, w(f"down.{i}", inter, H)], [f"{p}/mlp/down_proj/MatMul/output_0"], f"{p}/mlp/down_proj/MatMul")
+    gf = init("lnf", np.ones(H, np.float32))
+    nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, gf], ["/model/norm/output_0"],
+                                  name="/model/norm", domain="com.microsoft", epsilon=1e-6))
+    node("MatMul", ["/model/norm/output_0", w("lm_head", H, vocab)], ["logits"], "/lm_head/MatMul")
+    graph = helper.make_graph(nodes, f"nibble_{form}", [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("logits", et, ["b", "s", vocab])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_genai_layer_forms_equal_onnx_runtime(nibble, tmp_path, form, dtype):
+    path = models.save(make_genai_like(form, dtype), str(tmp_path / f"{form}.onnx"))
+    rng = np.random.default_rng(8)
+    feeds = {"input_ids": rng.integers(0, 128, (2, 12)).astype(np.int64), "attention_mask": np.ones((2, 12), np.int64)}
+    errors = compare(nibble, path, feeds, dtype, tmp_path)
+    assert len(errors) == 2 * 4 + 2  # per layer: q/k/v (or qkv), o, gate/up, down; lm_head; the logits

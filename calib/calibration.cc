@@ -18,6 +18,7 @@
 #include "calib/calib_cache.h"
 #include "calib/capture_server.h"
 #include "calib/child_process.h"
+#include "calib/engine_calibration.h"
 #include "kernels/quant_types.h"
 #include "loaders/content_hash.h"
 #include "loaders/external_data.h"
@@ -212,21 +213,16 @@ nlohmann::json cache_settings(const CalibrationOptions& o, const std::string& mo
   return settings;
 }
 
-// calib/capture.py's command line for these options.
-std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::string& model_path, const fs::path& dir,
-                                      bool mask_padding, const CalibrationExtras& extras) {
-  std::vector<std::string> argv = {"capture",
-                                   "--model", model_path, "--out", dir.string(),
-                                   "--activations", (dir / "activations.json").string(),
-                                   "--calib_size", std::to_string(o.calib_size),
-                                   "--seq_len", std::to_string(o.calib_seq_len),
-                                   "--batch_size", std::to_string(o.batch_size),
-                                   "--eps", o.calibration_eps,
-                                   "--mask_padding", mask_padding ? "1" : "0"};
+}  // namespace
+
+void add_source_args(const CalibrationOptions& o, std::vector<std::string>& argv) {
   auto add = [&](const char* flag, const std::string& v) {
     argv.push_back(flag);
     argv.push_back(v);
   };
+  add("--calib_size", std::to_string(o.calib_size));
+  add("--seq_len", std::to_string(o.calib_seq_len));
+  add("--batch_size", std::to_string(o.batch_size));
   if (!o.calib_data.empty()) add("--calib_data", o.calib_data);
   else add("--dataset", o.dataset);
   if (!o.model_name.empty()) add("--tokenizer", o.model_name);
@@ -237,6 +233,23 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
                                  {o.use_buffer_share, "--use_buffer_share"},
                                  {o.use_fp32, "--use_fp32"}})
     if (on) argv.push_back(flag);
+}
+
+namespace {
+
+// calib/capture.py's command line for these options.
+std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::string& model_path, const fs::path& dir,
+                                      bool mask_padding, const CalibrationExtras& extras) {
+  std::vector<std::string> argv = {"capture",
+                                   "--model", model_path, "--out", dir.string(),
+                                   "--activations", (dir / "activations.json").string(),
+                                   "--eps", o.calibration_eps,
+                                   "--mask_padding", mask_padding ? "1" : "0"};
+  auto add = [&](const char* flag, const std::string& v) {
+    argv.push_back(flag);
+    argv.push_back(v);
+  };
+  add_source_args(o, argv);
   if (o.threads > 0) add("--threads", std::to_string(o.threads));
   if (extras.sample_tokens > 0) add("--sample_tokens", std::to_string(extras.sample_tokens));
   if (extras.gram_block > 0) add("--gram_block", std::to_string(extras.gram_block));
@@ -255,6 +268,7 @@ std::vector<std::string> capture_argv(const CalibrationOptions& o, const std::st
 std::unique_ptr<Calibration> Calibration::run(const CalibrationOptions& o, const std::string& model_path,
                                               const std::vector<Request>& acts, bool mask_padding,
                                               const Extras& extras) {
+  if (o.layer_engine) return o.layer_engine->measure(acts, mask_padding, extras);
   std::unique_ptr<Calibration> c(new Calibration());
   nlohmann::json req = nlohmann::json::array();
   for (const auto& a : acts) req.push_back({{"name", a.name}, {"K", a.K}});
@@ -307,6 +321,21 @@ void Calibration::advance(const CalibrationOptions& o, const std::string& model_
     throw;
   }
   fs::remove_all(dir, ec);
+}
+
+std::unique_ptr<Calibration> Calibration::from_measured(std::map<std::string, MeasuredActivation> measured,
+                                                        int64_t tokens) {
+  std::unique_ptr<Calibration> c(new Calibration());
+  c->tokens_ = tokens;
+  for (auto& [name, m] : measured) {
+    Entry e;
+    e.K = m.K;
+    e.rows = m.rows;
+    e.gram_block = m.gram_block;
+    e.measured = std::make_shared<const MeasuredActivation>(std::move(m));
+    c->entries_[name] = std::move(e);
+  }
+  return c;
 }
 
 void Calibration::read_index(const std::vector<Request>& acts) {
@@ -364,18 +393,22 @@ const MappedFile& Calibration::gram_map(const Entry& e) {
 const double* Calibration::gram_as_kept(const std::string& activation, int64_t K, int64_t* block) {
   const Entry& e = entry(activation, K);
   *block = e.gram_block;
+  if (e.measured) return e.measured->gram.data();
   return reinterpret_cast<const double*>(gram_map(e).data());
 }
 
 void Calibration::release_gram(const std::string& activation) {
   const auto e = entries_.find(activation);
-  if (e == entries_.end()) return;
+  if (e == entries_.end() || e->second.measured) return;
   const auto m = maps_.find(e->second.gram);
   if (m != maps_.end()) m->second->release(0, m->second->size());
 }
 
 const float* Calibration::token_sample(const std::string& activation, int64_t K, int64_t* rows) {
   const Entry& e = entry(activation, K);
+  if (e.measured)
+    throw Error("the layer engine keeps no token sample of activation '" + activation +
+                "' (ModelOpt's clip search calibrates through ONNX Runtime)");
   if (e.token_sample.empty())
     throw Error("calibration kept no token sample of activation '" + activation + "' (awq_clip, modelopt mode)");
   *rows = e.token_sample_rows;
@@ -390,6 +423,7 @@ const float* Calibration::token_sample(const std::string& activation, int64_t K,
 std::vector<float> Calibration::gram_f32(const std::string& activation) {
   const Entry& e = entries_.at(activation);
   if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
+  if (e.measured) return std::vector<float>(e.measured->gram.begin(), e.measured->gram.end());
   const MappedFile& gram = gram_map(e);
   const double* g = reinterpret_cast<const double*>(gram.data());
   std::vector<float> out(gram.size() / 8);
@@ -404,6 +438,17 @@ ActivationStats Calibration::stats(const std::string& activation, bool numpy_mea
   s.K = e.K;
   s.rows = e.rows;
   if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
+  if (e.measured) {
+    if (numpy_mean)
+      throw Error("the layer engine keeps no numpy mean of activation '" + activation +
+                  "' (ModelOpt's statistics come from ONNX Runtime: --calibration_engine ort)");
+    s.gram = e.measured->gram.data();
+    e.x_mean.resize(size_t(e.K));
+    for (int64_t k = 0; k < e.K; ++k)
+      e.x_mean[size_t(k)] = float(e.measured->sum_abs[size_t(k)] / double(std::max<int64_t>(e.rows, 1)));
+    s.x_mean = e.x_mean.data();
+    return s;
+  }
   s.gram = reinterpret_cast<const double*>(gram_map(e).data());
   if (numpy_mean) {
     const MappedFile& m = map(e.mean_np);

@@ -14,6 +14,11 @@
 namespace nibble {
 
 class CalibCache;
+class EngineCalibration;
+
+// Which engine computes the activations calibration measures: ONNX Runtime (calib/capture.py, in a Python
+// process) or nibble's own layer engine (forward/, calib/engine_calibration.h).
+enum class CalibrationEngine { kOrt, kNative };
 
 // How calibration runs (the calibration flags of `nibble quantize`, same names).
 struct CalibrationOptions {
@@ -33,6 +38,10 @@ struct CalibrationOptions {
   bool use_random_calib = false;  // seeded random token ids instead of a dataset
   int threads = 0;
   bool quiet = false;
+  CalibrationEngine engine = CalibrationEngine::kOrt;
+  // kNative: the engine, opened once per run and shared by every layer group's request (each batch's
+  // forward pass goes on from where the previous group left it).
+  std::shared_ptr<EngineCalibration> layer_engine;
 };
 
 // What calibration measured on one activation (a MatMul input with K channels).
@@ -63,6 +72,13 @@ struct CalibrationExtras {
   int64_t budget_mb = 0;
 };
 
+// What the layer engine measured for one activation, held in memory (no file): the counted rows, Σ|x| per
+// channel (float64) and XᵀX (each batch's product in float32, summed in float64), whole or its diagonal blocks.
+struct MeasuredActivation {
+  int64_t K = 0, rows = 0, gram_block = 0;
+  std::vector<double> gram, sum_abs;
+};
+
 class Calibration {
  public:
   struct Request {
@@ -80,6 +96,8 @@ class Calibration {
   // the weights quantized so far, for the boundary of the next group only (no statistics).
   static void advance(const CalibrationOptions& options, const std::string& model_path,
                       const std::vector<Request>& activations, const Extras& extras);
+  // Statistics the layer engine measured (calib/engine_calibration.h).
+  static std::unique_ptr<Calibration> from_measured(std::map<std::string, MeasuredActivation> measured, int64_t tokens);
 
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).
@@ -114,6 +132,7 @@ class Calibration {
     int64_t token_sample_rows = 0;
     std::string mean_np, sum_abs, gram, token_sample;
     std::vector<float> x_mean;  // derived, owned
+    std::shared_ptr<const MeasuredActivation> measured;  // in memory instead of the files above
   };
   std::string dir_;
   bool owned_dir_ = false;
@@ -140,6 +159,9 @@ std::string project_script(const char* env_var, const std::string& relative);
 // calibration file, the tokenizer's and GenAI configuration files), keyed by canonical path: what the
 // calibration cache and a layer-by-layer run's checkpoint compare to tell another model or data apart.
 nlohmann::json calibration_input_fingerprints(const CalibrationOptions& o, const std::string& model_path);
+
+// The calibration data's options on capture.py's command line (its `capture` and `feeds` take them alike).
+void add_source_args(const CalibrationOptions& o, std::vector<std::string>& argv);
 
 // Runs argv; stderr lines are passed through (unless quiet) and the last line starting with
 // `error_prefix` becomes the Error message when the child fails. Throws Error.

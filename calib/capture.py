@@ -77,20 +77,14 @@ def _stats_in_session_default() -> str:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="capture.py", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", parser_class=Parser)
-    c = sub.add_parser("capture", help="run the calibration set and write activation statistics")
-    c.add_argument("--model", required=True, help="the float ONNX model")
-    c.add_argument("--out", required=True, help="output folder (index.json + binaries)")
-    c.add_argument("--activations", required=True, help='ACTS.json: [{"name": ..., "K": ...}, ...]')
+def _add_source_args(c) -> None:
+    """The calibration data's options, shared by `capture` and `feeds`."""
     c.add_argument("--dataset", default="cnn", help="cnn | pilevel | FILE.txt | FILE.jsonl | FILE.parquet")
     c.add_argument("--calib_data", default=None, help="FILE.npz of ready model inputs (axis 0 = samples)")
     c.add_argument("--calib_size", type=int, default=32)
     c.add_argument("--seq_len", type=int, default=512)
     c.add_argument("--batch_size", type=int, default=1)
     c.add_argument("--tokenizer", default=None, help="tokenizer.json or its folder (default: beside the model)")
-    c.add_argument("--eps", default="cuda,cpu", help="execution providers in order of preference")
     c.add_argument("--random_calib", action="store_true",
                    help="random token ids (fixed seed) instead of a dataset: --calib_size x --seq_len")
     c.add_argument("--add_position_ids", action="store_true")
@@ -98,6 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no_past_kv_inputs", action="store_true")
     c.add_argument("--use_buffer_share", action="store_true")
     c.add_argument("--use_fp32", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="capture.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", parser_class=Parser)
+    c = sub.add_parser("capture", help="run the calibration set and write activation statistics")
+    c.add_argument("--model", required=True, help="the float ONNX model")
+    c.add_argument("--out", required=True, help="output folder (index.json + binaries)")
+    c.add_argument("--activations", required=True, help='ACTS.json: [{"name": ..., "K": ...}, ...]')
+    _add_source_args(c)
+    c.add_argument("--eps", default="cuda,cpu", help="execution providers in order of preference")
     c.add_argument("--mask_padding", type=int, choices=[0, 1], default=0)
     c.add_argument("--budget_mb", type=float, default=2048)
     c.add_argument("--threads", type=int, default=0,
@@ -126,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "ONNX Runtime session (on the provider's device) instead of with numpy on the host; "
                         "auto: on for a provider other than CPU. Default: $NIBBLE_CALIB_STATS_IN_SESSION, "
                         "else auto")
+    f = sub.add_parser("feeds", help="write the calibration batches' model inputs (nibble's layer engine runs them)")
+    f.add_argument("--model", required=True, help="the float ONNX model")
+    f.add_argument("--out", required=True, help="output folder: batches.json and one folder of arrays per batch")
+    _add_source_args(f)
     g = sub.add_parser("grid", help="ModelOpt's AWQ-lite scale grid computed with numpy")
     g.add_argument("--request", required=True)
     g.add_argument("--out", required=True)
@@ -162,7 +171,10 @@ def main(argv=None) -> int:
             return capture(a)
         if a.cmd == "grid":
             return grid(a)
-        raise CalibError("command line: a subcommand is needed: capture or grid")
+        if a.cmd == "feeds":
+            from feeds_dump import dump_feeds
+            return dump_feeds(a)
+        raise CalibError("command line: a subcommand is needed: capture, feeds or grid")
     except CalibError as e:
         msg = " ".join(str(e).split("\n"))
         print(f"calibration: {msg}", file=sys.stderr, flush=True)

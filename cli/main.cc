@@ -27,7 +27,7 @@ namespace {
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
   std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory,
-      gather_quantize_axis, layer_by_layer = "auto";
+      gather_quantize_axis, layer_by_layer = "auto", calibration_engine = "ort";
 };
 
 // The quantize flags in three parts (the --help order): input, output and algorithm; calibration; precision,
@@ -72,7 +72,11 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
       ->capture_default_str();
 }
 
-void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o) {
+void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
+  q.add_option("--calibration_engine", c.calibration_engine,
+               "What runs the model on the calibration data: ort (ONNX Runtime in a Python process) or native "
+               "(nibble's own layer engine, on the CPU; nibble-mode statistics, float layers fed forward)")
+      ->capture_default_str();
   q.add_option("--calibration_eps", o.calib.calibration_eps,
                "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
                "NvTensorRtRtx)")
@@ -169,7 +173,7 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
 
 void add_quantize_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   add_algorithm_flags(q, o, c);
-  add_calibration_flags(q, o);
+  add_calibration_flags(q, o, c);
   add_precision_and_run_flags(q, o, c);
 }
 
@@ -258,6 +262,7 @@ static void type_choices(const NamedChoices& c, nibble::QuantizeOptions& o) {
   if (!c.gather_quantize_axis.empty()) o.gather_quantize_axis = nibble::parse_gather_axis(c.gather_quantize_axis);
   if (!c.mixed_strategy.empty()) o.mixed_strategy_flag = nibble::parse_mixed_strategy(c.mixed_strategy);
   o.layer_by_layer = nibble::parse_layer_mode(c.layer_by_layer);
+  o.calib.engine = nibble::parse_calibration_engine(c.calibration_engine);
   o.calib.threads = o.threads;
   o.calib.quiet = o.quiet;
 }

@@ -8,9 +8,22 @@
 namespace nibble::forward {
 
 GraphRun::GraphRun(OnnxModel& model) : model_(model) {
-  for (const auto& n : model_.proto().graph().node())
-    for (const auto& i : n.input())
+  const auto& nodes = model_.proto().graph().node();
+  for (int k = 0; k < nodes.size(); ++k) {
+    for (const auto& i : nodes[k].input())
       if (!i.empty()) ++readers_[i];
+    for (const auto& o : nodes[k].output())
+      if (!o.empty()) producers_[o] = size_t(k);
+  }
+}
+
+size_t GraphRun::producer(const std::string& name) const {
+  const auto it = producers_.find(name);
+  if (it != producers_.end()) return it->second;
+  for (const auto& gi : model_.proto().graph().input())
+    if (gi.name() == name) return nodes();
+  if (model_.initializer(name)) return nodes();
+  throw Error("forward: the graph computes no value named '" + name + "'");
 }
 
 std::vector<std::string> GraphRun::unsupported() const {
@@ -27,26 +40,35 @@ const Value* GraphRun::initializer(const std::string& name) {
   const onnx::TensorProto* t = model_.initializer(name);
   if (!t) return nullptr;
   auto view = std::make_shared<TensorView>(model_.view(*t));
+  views_.push_back(view);
   Value v{view->dtype, view->dims, view->data, view};
   return &initializers_.emplace(name, std::move(v)).first->second;
 }
 
-std::map<std::string, Value> GraphRun::run(const std::map<std::string, Value>& feeds, const std::set<std::string>& keep,
-                                           const std::set<std::string>& capture, const Capture& on_capture) {
-  std::map<std::string, Value> live = feeds;
-  std::map<std::string, int> left = readers_;
-  std::map<std::string, Value> kept;
-  const Value empty{};
-  auto produced = [&](const std::string& name, Value v) {
+void GraphRun::release_weights() {
+  initializers_.clear();
+  for (const auto& v : views_)
+    if (v->external) model_.release(*v);
+  views_.clear();
+}
+
+GraphRun::State GraphRun::start(const std::map<std::string, Value>& feeds, const std::set<std::string>& capture,
+                                const Capture& on_capture) {
+  State s;
+  s.left = readers_;
+  for (const auto& [name, v] : feeds) {
     if (capture.count(name) && on_capture) on_capture(name, v);
-    if (keep.count(name)) kept[name] = v;
-    if (left.count(name)) live[name] = std::move(v);
-  };
-  for (const auto& [name, v] : feeds) produced(name, v);
+    if (s.left.count(name)) s.live[name] = v;
+  }
   for (const auto& gi : model_.proto().graph().input())
-    if (!live.count(gi.name()) && !model_.initializer(gi.name())) live[gi.name()] = empty;
-  seconds_.clear();
-  for (const auto& n : model_.proto().graph().node()) {
+    if (!s.live.count(gi.name()) && !model_.initializer(gi.name()) && s.left.count(gi.name())) s.live[gi.name()] = Value{};
+  return s;
+}
+
+void GraphRun::advance(State& s, size_t end, const std::set<std::string>& capture, const Capture& on_capture) {
+  const auto& nodes = model_.proto().graph().node();
+  for (; s.next < std::min(end, size_t(nodes.size())); ++s.next) {
+    const onnx::NodeProto& n = nodes[int(s.next)];
     const OpEntry* op = find_op(n.domain(), n.op_type());
     if (!op) throw Error("forward: node '" + n.name() + "': operator " + n.op_type() + " is not supported by the layer engine");
     OpCall call{n, {}, op->float32_on_cpu};
@@ -57,8 +79,8 @@ std::map<std::string, Value> GraphRun::run(const std::map<std::string, Value>& f
         call.in.push_back(nullptr);
         continue;
       }
-      auto it = live.find(i);
-      const Value* v = it != live.end() ? &it->second : initializer(i);
+      auto it = s.live.find(i);
+      const Value* v = it != s.live.end() ? &it->second : initializer(i);
       if (!v) throw Error("forward: node '" + n.name() + "' reads '" + i + "', which nothing produced");
       if (v->wide && !op->float32_on_cpu) {
         rounded.push_back(narrow(*v));
@@ -70,10 +92,27 @@ std::map<std::string, Value> GraphRun::run(const std::map<std::string, Value>& f
     std::vector<Value> outs = op->fn(call);
     seconds_[n.op_type()] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& i : n.input())
-      if (!i.empty() && --left[i] == 0) live.erase(i);
-    for (int k = 0; k < n.output_size(); ++k)
-      if (!n.output(k).empty() && size_t(k) < outs.size()) produced(n.output(k), std::move(outs[size_t(k)]));
+      if (!i.empty() && --s.left[i] == 0) s.live.erase(i);
+    for (int k = 0; k < n.output_size(); ++k) {
+      const std::string& name = n.output(k);
+      if (name.empty() || size_t(k) >= outs.size()) continue;
+      if (capture.count(name) && on_capture) on_capture(name, outs[size_t(k)]);
+      if (s.left.count(name)) s.live[name] = std::move(outs[size_t(k)]);
+    }
   }
+}
+
+std::map<std::string, Value> GraphRun::run(const std::map<std::string, Value>& feeds, const std::set<std::string>& keep,
+                                           const std::set<std::string>& capture, const Capture& on_capture) {
+  std::map<std::string, Value> kept;
+  std::set<std::string> wanted = capture;
+  wanted.insert(keep.begin(), keep.end());
+  const Capture both = [&](const std::string& name, const Value& v) {
+    if (capture.count(name) && on_capture) on_capture(name, v);
+    if (keep.count(name)) kept[name] = v;
+  };
+  State s = start(feeds, wanted, both);
+  advance(s, nodes(), wanted, both);
   return kept;
 }
 

@@ -24,19 +24,42 @@ class GraphRun {
 
   // Called for every value in `capture` as soon as it is computed (before it may be dropped).
   using Capture = std::function<void(const std::string& name, const Value& value)>;
-  // Runs the graph on `feeds` (graph inputs by name; an input without a feed is an empty value, as an
-  // empty past key/value is); returns the values named in `keep` (graph outputs or intermediates).
-  // Throws Error (one line) on a missing feed, an unknown operator or bad shapes.
+
+  // A run that stops and goes on (the layer engine's calibration advances each batch one layer group at a
+  // time): the values some later node still reads, and the next node to run.
+  struct State {
+    std::map<std::string, Value> live;
+    std::map<std::string, int> left;  // readers still to come, per name
+    size_t next = 0;
+  };
+  // The state before the first node, on `feeds` (graph inputs by name; an input without a feed is an empty
+  // value, as an empty past key/value is). Feeds named in `capture` are reported here.
+  State start(const std::map<std::string, Value>& feeds, const std::set<std::string>& capture = {},
+              const Capture& on_capture = {});
+  // Runs nodes [s.next, end). Throws Error (one line) on an unknown operator or bad shapes.
+  void advance(State& s, size_t end, const std::set<std::string>& capture, const Capture& on_capture);
+  size_t nodes() const { return size_t(model_.proto().graph().node_size()); }
+  // The index of the node that computes `name`, or nodes() when a graph input or initializer is `name`
+  // (Error when nothing does).
+  size_t producer(const std::string& name) const;
+
+  // The whole graph on `feeds`; the values named in `keep` (graph outputs or intermediates) come back.
   std::map<std::string, Value> run(const std::map<std::string, Value>& feeds, const std::set<std::string>& keep,
                                    const std::set<std::string>& capture, const Capture& on_capture);
 
-  // Seconds spent per operator type in the last run (for the report).
+  // Drops the resident pages of every initializer read so far (they come back from the file when read
+  // again): the memory-mapped weights would otherwise stay in the process's memory once touched.
+  void release_weights();
+
+  // Seconds spent per operator type since construction (for the report).
   const std::map<std::string, double>& seconds_per_op() const { return seconds_; }
 
  private:
   OnnxModel& model_;
-  std::map<std::string, Value> initializers_;  // views, made once
+  std::map<std::string, Value> initializers_;  // views, made once (until release_weights)
+  std::vector<std::shared_ptr<TensorView>> views_;
   std::map<std::string, int> readers_;         // how many node inputs read each name
+  std::map<std::string, size_t> producers_;    // node index per output name
   std::map<std::string, double> seconds_;
   const Value* initializer(const std::string& name);
 };

@@ -5,12 +5,12 @@
 // measured against it) and softcap; outputs the context [B, S, Hq·D] and present key/value [B, Hkv, S, D].
 //
 // Per ONNX Runtime's CPU kernel: rotated q and k are rounded to the value's type; scores, softmax and the
-// context are float32, the context rounded once. A query row past its sequence's length (right padding)
+// context are float32 (two sgemm products per key/value head), the context rounded once. A query row past its sequence's length (right padding)
 // attends to the sequence's keys only (ONNX Runtime's CPU kernel leaves those rows undefined).
 #include <cmath>
 
 #include "forward/op_table.h"
-#include "kernels/parallel.h"
+#include "forward/matmul.h"
 
 namespace nibble::forward {
 
@@ -77,34 +77,36 @@ Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
   return h;
 }
 
-// One (batch, head): the context rows [S, D] into out ([B, S, Hq·D]).
-void attend(const Gqa& g, const Heads& h, int64_t b, int64_t hd, int64_t keys, std::vector<float>& out) {
-  const int64_t kv = hd / (g.Hq / g.Hkv);
-  const float* q = h.q.data() + (b * g.Hq + hd) * g.S * g.D;
-  const float* k = h.k.data() + (b * g.Hkv + kv) * g.S * g.D;
-  const float* v = h.v.data() + (b * g.Hkv + kv) * g.S * g.D;
-  std::vector<float> p(static_cast<size_t>(g.S));
-  for (int64_t s = 0; s < g.S; ++s) {
+// One (batch, kv head) and the query heads that share it: scores for all of them in one product
+// ([heads · S, D] · Kᵀ), the causal (windowed, capped) softmax per row, the context in a second product
+// ([heads · S, S] · V), written into out ([B, S, Hq·D]).
+void attend_group(const Gqa& g, const Heads& h, int64_t b, int64_t kv, int64_t keys, std::vector<float>& out) {
+  const int64_t group = g.Hq / g.Hkv, S = g.S, D = g.D;
+  const float* q = h.q.data() + (b * g.Hq + kv * group) * S * D;  // the group's heads are adjacent
+  const float* k = h.k.data() + (b * g.Hkv + kv) * S * D;
+  const float* v = h.v.data() + (b * g.Hkv + kv) * S * D;
+  std::vector<float> p(static_cast<size_t>(group * S * S)), ctx(static_cast<size_t>(group * S * D));
+  matmul_blas(q, k, p.data(), group * S, D, S, /*b_transposed=*/true);
+  for (int64_t r = 0; r < group * S; ++r) {
+    const int64_t s = r % S;
+    float* row = p.data() + r * S;
     const int64_t end = std::min(s + 1, keys);
     const int64_t begin = g.window > 0 && end > g.window ? end - g.window : 0;
     float m = -INFINITY;
     for (int64_t j = begin; j < end; ++j) {
-      float d = 0.0f;
-      for (int64_t i = 0; i < g.D; ++i) d += q[s * g.D + i] * k[j * g.D + i];
-      d *= g.scale;
+      float d = row[j] * g.scale;
       if (g.softcap > 0.0f) d = g.softcap * std::tanh(d / g.softcap);
-      p[size_t(j)] = d;
+      row[j] = d;
       m = std::max(m, d);
     }
     float sum = 0.0f;
-    for (int64_t j = begin; j < end; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - m);
-    float* o = out.data() + ((b * g.S + s) * g.Hq + hd) * g.D;
-    for (int64_t i = 0; i < g.D; ++i) o[i] = 0.0f;
-    for (int64_t j = begin; j < end; ++j) {
-      const float w = p[size_t(j)] / sum;
-      for (int64_t i = 0; i < g.D; ++i) o[i] += w * v[j * g.D + i];
-    }
+    for (int64_t j = begin; j < end; ++j) sum += row[j] = std::exp(row[j] - m);
+    for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] / sum : 0.0f;
   }
+  matmul_blas(p.data(), v, ctx.data(), group * S, S, D, false);
+  for (int64_t hl = 0; hl < group; ++hl)
+    for (int64_t s = 0; s < S; ++s)
+      std::copy_n(ctx.data() + (hl * S + s) * D, D, out.data() + ((b * S + s) * g.Hq + kv * group + hl) * D);
 }
 
 Gqa read_gqa(const OpCall& c) {
@@ -146,10 +148,8 @@ std::vector<Value> group_query_attention(const OpCall& c) {
   if (total.size() != 1 || total[0] != g.S) c.fail("total_sequence_length must equal the sequence length (a prompt)");
   const Heads h = split_heads(c, g, t);
   std::vector<float> out(static_cast<size_t>(g.B * g.S * g.Hq * g.D));
-  kernels::parallel_for(g.B * g.Hq, [&](int64_t i) {
-    const int64_t b = i / g.Hq;
-    attend(g, h, b, i % g.Hq, std::min(g.S, seqlens[size_t(b)] + 1), out);
-  });
+  for (int64_t b = 0; b < g.B; ++b)  // the products use BLAS's threads
+    for (int64_t kv = 0; kv < g.Hkv; ++kv) attend_group(g, h, b, kv, std::min(g.S, seqlens[size_t(b)] + 1), out);
   return {from_floats(t, {g.B, g.S, g.Hq * g.D}, out), from_floats(t, {g.B, g.Hkv, g.S, g.D}, h.k),
           from_floats(t, {g.B, g.Hkv, g.S, g.D}, h.v)};
 }

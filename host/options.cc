@@ -53,6 +53,8 @@ constexpr std::pair<const char*, MixedStrategy> kStrategyNames[] = {
     {"modelopt", MixedStrategy::kModelopt},
     {"layers_8bit", MixedStrategy::kLayers8bit},
     {"sensitivity", MixedStrategy::kSensitivity}};
+constexpr std::pair<const char*, CalibrationEngine> kCalibrationEngines[] = {
+    {"ort", CalibrationEngine::kOrt}, {"native", CalibrationEngine::kNative}};
 constexpr std::pair<const char*, LayerMode> kLayerModes[] = {
     {"auto", LayerMode::kAuto}, {"on", LayerMode::kOn}, {"off", LayerMode::kOff}};
 
@@ -81,6 +83,10 @@ const char* name_of(Format f) { return name_in(f, kFormats); }
 const char* name_of(kernels::Device d) { return name_in(d, kDevices); }
 const char* name_of(MixedStrategy m) { return name_in(m, kStrategyNames); }
 const char* name_of(LayerMode m) { return name_in(m, kLayerModes); }
+const char* name_of(CalibrationEngine e) { return name_in(e, kCalibrationEngines); }
+CalibrationEngine parse_calibration_engine(const std::string& s) {
+  return parse_name(s, "--calibration_engine", kCalibrationEngines);
+}
 
 LayerMode parse_layer_mode(const std::string& s) {
   if (s.empty() || s == "true" || s == "1") return LayerMode::kOn;

@@ -97,6 +97,8 @@ MixedStrategy parse_mixed_strategy(const std::string& s);
 // --layer_by_layer auto|on|off; "" (the flag alone) and true/false (a preset's boolean) keep the old
 // boolean spelling working.
 LayerMode parse_layer_mode(const std::string& s);
+CalibrationEngine parse_calibration_engine(const std::string& s);
+const char* name_of(CalibrationEngine e);
 const char* name_of(Algo a);
 const char* name_of(Arithmetic a);
 const char* name_of(Format f);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "calib/capture_server.h"
+#include "calib/engine_calibration.h"
 #include "host/algo/learned_rounding.h"
 #include "host/run/progress.h"
 #include "host/run/report.h"
@@ -83,7 +84,8 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
   // Who ran each stage: calibration is ONNX Runtime in calib/capture.py; the array work is the backend's.
   nlohmann::json stages = {{"quantize", backend.name()}, {"pack", backend.name()}};
   if (needs_calibration(o)) {
-    stages["calibrate"] = "onnxruntime (" + o.calib.calibration_eps + ")";
+    stages["calibrate"] = o.calib.layer_engine ? std::string("nibble layer engine (cpu)")
+                                               : "onnxruntime (" + o.calib.calibration_eps + ")";
     stages["search"] = backend.name();
   }
   const kernels::TransferLedger* ledger = backend.transfer_ledger();
@@ -108,6 +110,10 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"genai_files", c.companions},
                              {"layer_pass", layer_pass}}}};
   report["summary"]["stage_seconds"] = stage_seconds_json(o, t);
+  if (o.calib.layer_engine)  // where the layer engine's calibration time went
+    report["summary"]["calibration_engine"] = {{"engine", "native"},
+                                               {"forward_seconds", o.calib.layer_engine->forward_seconds()},
+                                               {"statistics_seconds", o.calib.layer_engine->statistics_seconds()}};
   // How fast the weights came from their files (bytes over the reads' wall time), and how long the
   // quantizer waited for them: where the reads are what bounds a run, these say so.
   report["summary"]["read_gbps"] = e.read.gbps();

@@ -344,7 +344,8 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   // With the float layers fed forward, group g + 1's boundary exists once group g is calibrated, so its
   // statistics are measured (by the calibration process, on a helper thread) while group g is searched and
   // written. Not with --threads 1 (two processes computing at once), nor where the statistics depend on the
-  // quantized weights (--feed_quantized).
+  // quantized weights (--feed_quantized). The layer engine (--calibration_engine native) measures on the helper
+  // thread in this process, one request at a time.
   const bool overlap = !o.feed_quantized && o.threads != 1 && calibrates_after_pick(o);
   PendingCalibration pending;
   for (size_t g = first; g < groups.size(); ++g) {

@@ -1,6 +1,8 @@
 // `nibble quantize`: the stages of host/run/stages.h in order, and the checks of the options.
 #include "host/run/pipeline.h"
 
+#include "calib/engine_calibration.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -37,6 +39,8 @@ void warn_inert_flags(const QuantizeOptions& o) {
                  name_of(o.algo));
   if (!o.uses_gptq() && o.gptq_act_order)
     spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
+  if (!needs_calibration(o) && o.calib.engine == CalibrationEngine::kNative)
+    spdlog::warn("--calibration_engine native: no effect: --algo {} runs no calibration", name_of(o.algo));
   if (!needs_calibration(o))
     for (const auto& [on, flag] : {std::pair{o.calib.use_random_calib, "--use_random_calib"},
                                    {o.calib.add_position_ids, "--add_position_ids"},
@@ -77,12 +81,23 @@ void validate_options(const QuantizeOptions& o) {
   if (o.feed_quantized && o.layer_by_layer == LayerMode::kOff)
     throw Error("--feed_quantized feeds the quantized layers forward layer by layer: not with --layer_by_layer off");
   if (o.output_path.empty()) throw Error("--output_path is required");
+  if (o.calib.engine == CalibrationEngine::kNative) {
+    if (o.arithmetic == Arithmetic::kModelOpt)
+      throw Error("--calibration_engine native: --awq_mode modelopt measures ModelOpt's statistics through ONNX "
+                  "Runtime (use --calibration_engine ort)");
+    if (o.feed_quantized)
+      throw Error("--calibration_engine native does not feed quantized layers forward yet (--feed_quantized): use "
+                  "--calibration_engine ort");
+    if (!o.calib.calib_cache.empty())
+      throw Error("--calib_cache keeps ONNX Runtime's statistics files: not with --calibration_engine native");
+  }
 }
 
-int run_quantize(const QuantizeOptions& o) {
+int run_quantize(const QuantizeOptions& given) {
   const auto t0 = std::chrono::steady_clock::now();
-  validate_options(o);
-  warn_inert_flags(o);
+  validate_options(given);
+  warn_inert_flags(given);
+  QuantizeOptions o = given;  // with the layer engine opened, when it calibrates
   kernels::set_num_threads(o.threads);
   std::string why;
   kernels::BackendOptions bopt;
@@ -101,6 +116,8 @@ int run_quantize(const QuantizeOptions& o) {
   OnnxModel& model = *loaded.model;
   Planned planned = plan_stage(o, model);
   const LayerChoice layers = choose_layer_pass(o, planned);
+  if (o.calib.engine == CalibrationEngine::kNative && needs_calibration(o))
+    o.calib.layer_engine = std::make_shared<EngineCalibration>(o.calib, o.onnx_path);
   const auto& groups = layers.groups;
   secs.load = lap();
   Searched searched;

@@ -6,13 +6,12 @@
 #include <cmath>
 #include <random>
 
+#include "calib/engine_statistics.h"
 #include "forward/matmul.h"
 #include "forward/op_call.h"
 #include "forward/value.h"
 
-namespace nibble::forward {
 namespace {
-
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -20,6 +19,10 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
   for (float& x : v) x = d(rng);
   return v;
 }
+}  // namespace
+
+namespace nibble::forward {
+namespace {
 
 TEST(ForwardMatmul, BlasEqualsTheReferenceWithinSummationError) {
   const int64_t M = 37, K = 91, N = 53;
@@ -79,3 +82,42 @@ TEST(ForwardOps, UnknownOperatorIsNotFound) {
 
 }  // namespace
 }  // namespace nibble::forward
+
+namespace nibble {
+namespace {
+
+TEST(EngineStatistics, GramAndAbsSumsFollowTheirDefinitionOverCountedRows) {
+  const int64_t K = 37, rows = 2500;  // more rows than one product takes
+  const auto x = random_floats(size_t(rows * K), 9);
+  std::vector<int64_t> counted(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) counted[size_t(r)] = (r % 7) != 3;
+  ActivationAccumulator whole(K, 0), blocks(K, 16);
+  whole.add_rows(x.data(), 1600, counted.data());  // two calls: the rows carry over between them
+  whole.add_rows(x.data() + 1600 * K, rows - 1600, counted.data() + 1600);
+  blocks.add_rows(x.data(), rows, counted.data());
+  const MeasuredActivation m = whole.finish(), b = blocks.finish();
+  int64_t n = 0;
+  for (int64_t c : counted) n += c;
+  EXPECT_EQ(m.rows, n);
+  EXPECT_EQ(b.rows, n);
+  for (int64_t i = 0; i < K; ++i) {
+    double s = 0.0;
+    for (int64_t r = 0; r < rows; ++r)
+      if (counted[size_t(r)]) s += std::fabs(x[size_t(r * K + i)]);
+    EXPECT_NEAR(m.sum_abs[size_t(i)], s, 1e-9 * s);
+    for (int64_t j = 0; j < K; ++j) {
+      double g = 0.0, mag = 0.0;
+      for (int64_t r = 0; r < rows; ++r)
+        if (counted[size_t(r)]) {
+          g += double(x[size_t(r * K + i)]) * x[size_t(r * K + j)];
+          mag += std::fabs(double(x[size_t(r * K + i)]) * x[size_t(r * K + j)]);
+        }
+      EXPECT_NEAR(m.gram[size_t(i * K + j)], g, 1e-6 * mag) << i << "," << j;  // float32 products, float64 sums
+      if (i / 16 == j / 16)  // the diagonal blocks hold the same sums
+        EXPECT_EQ(b.gram[size_t((i / 16) * 256 + (i % 16) * 16 + j % 16)], m.gram[size_t(i * K + j)]) << i << "," << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nibble

@@ -1,0 +1,57 @@
+// Calibration on nibble's own layer engine (forward/): the calibration batches' model inputs come from
+// calib/capture.py once (`feeds`: the same texts, tokens and synthesised inputs ONNX Runtime would get),
+// then nibble runs the graph itself, batch by batch, and folds each activation a request names into its
+// statistics in memory (no statistics files, no numpy). Layer by layer, each batch's forward pass stops
+// after the nodes that compute the requested layer group and goes on from there for the next group, its
+// live values (the residual stream) held in memory between groups.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "calib/calibration.h"
+#include "forward/graph_run.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+class EngineCalibration {
+ public:
+  // Opens the model and writes the calibration feeds (capture.py feeds). Throws Error, one line, where
+  // the engine cannot run the model (it names the first operator it does not know).
+  EngineCalibration(const CalibrationOptions& o, const std::string& model_path);
+  ~EngineCalibration();
+  EngineCalibration(const EngineCalibration&) = delete;
+  EngineCalibration& operator=(const EngineCalibration&) = delete;
+
+  // Statistics of `acts` on every batch. A request for values computed before where the batches
+  // stopped starts them again from the first node. extras.gram_block > 0 keeps only XᵀX's diagonal
+  // blocks; a token sample or quantized weights fed forward are refused (Error).
+  std::unique_ptr<Calibration> measure(const std::vector<Calibration::Request>& acts, bool mask_padding,
+                                       const CalibrationExtras& extras);
+
+  // Seconds in the forward pass and in the statistics, over every request so far.
+  double forward_seconds() const { return forward_seconds_; }
+  double statistics_seconds() const { return statistics_seconds_; }
+
+ private:
+  struct Batch {
+    std::string dir;
+    std::vector<int64_t> token_mask;  // [batch * seq]
+    forward::GraphRun::State state;
+    bool started = false;
+  };
+  std::unique_ptr<OnnxModel> model_;
+  std::unique_ptr<forward::GraphRun> graph_;
+  std::string feeds_dir_;
+  std::vector<Batch> batches_;
+  int64_t tokens_ = 0;
+  bool quiet_ = false;
+  double forward_seconds_ = 0.0, statistics_seconds_ = 0.0;
+  std::mutex mu_;
+  std::map<std::string, forward::Value> read_batch_feeds(Batch& b);
+};
+
+}  // namespace nibble

@@ -1,0 +1,105 @@
+"""Calibration on nibble's layer engine (`--calibration_engine native`): SmolLM2-135M calibrated by the
+engine layer by layer gives the same bytes as the engine's whole-model pass; the report says which engine
+ran and where its time went; its codes are near ONNX Runtime's (the statistics differ by float32 summation
+order only: bench/engine_side_by_side.sh measures the perplexity); and the flags it cannot honour are refused
+in one line."""
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from . import models
+from .conftest import REPO, folder_digest, smollm2_dir
+
+FAST = ["--algo", "awq_lite", "--use_random_calib", "--calib_size", "4", "--calib_seq_len", "64",
+        "--awqlite_alpha_step", "0.5", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    import smollm2_to_onnx as conv
+    return os.path.join(smollm2_dir(conv, "fp32"), "model.onnx")
+
+
+def codes(path: str) -> dict:
+    m = onnx.load(path)
+    return {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+
+
+def test_layer_by_layer_equals_the_whole_model_pass_and_the_report_names_the_engine(nibble, smollm2, tmp_path):
+    outs = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode / "model.onnx"
+        rep = tmp_path / f"{mode}.json"
+        nibble.quantize(smollm2, str(out), *FAST, "--calibration_engine", "native", "--layer_by_layer", mode,
+                        "--report", str(rep))
+        r = json.loads(rep.read_text())
+        assert r["stages"]["calibrate"] == "nibble layer engine (cpu)"
+        eng = r["summary"]["calibration_engine"]
+        assert eng["engine"] == "native" and eng["forward_seconds"] > 0 and eng["statistics_seconds"] > 0
+        assert r["summary"]["calibration_processes"] == 1  # capture.py once, for the feeds
+        outs[mode] = codes(str(out))
+    assert outs["on"].keys() == outs["off"].keys()
+    for k in outs["on"]:
+        assert np.array_equal(outs["on"][k], outs["off"][k]), k
+
+
+def test_codes_are_near_onnx_runtimes(nibble, smollm2, tmp_path):
+    got = {}
+    for engine in ("ort", "native"):
+        out = tmp_path / engine / "model.onnx"
+        nibble.quantize(smollm2, str(out), *FAST, "--calibration_engine", engine)
+        got[engine] = codes(str(out))
+    packed = [k for k, v in got["ort"].items() if v.dtype.name in ("int4", "uint4", "int8", "uint8")]
+    assert len(packed) == 30 * 5  # qkv, o, gate, up, down per layer
+    same = sum(int((got["ort"][k].astype(np.int16) == got["native"][k].astype(np.int16)).sum()) for k in packed)
+    total = sum(got["ort"][k].size for k in packed)
+    assert same / total > 0.9, f"only {same / total:.3f} of the codes agree"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--awq_mode", "modelopt"], "--calibration_engine native: --awq_mode modelopt measures ModelOpt's statistics "
+                                 "through ONNX Runtime (use --calibration_engine ort)"),
+    (["--feed_quantized"], "--calibration_engine native does not feed quantized layers forward yet "
+                           "(--feed_quantized): use --calibration_engine ort"),
+    (["--calibration_engine", "onnx"], None),
+])
+def test_flags_the_engine_cannot_honour_are_refused_in_one_line(nibble, smollm2, tmp_path, flags, message):
+    out = tmp_path / "o" / "model.onnx"
+    args = ["--calibration_engine", "native", *FAST] if flags[0] != "--calibration_engine" else FAST
+    r = nibble.quantize(smollm2, str(out), *args, *flags, check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nibble: error: "), r.describe()
+    if message:
+        assert lines[0] == "nibble: error: " + message
+    else:
+        assert "--calibration_engine" in lines[0] and "onnx" in lines[0]
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_a_model_with_an_operator_the_engine_does_not_know_is_named(nibble, tmp_path):
+    m = models.make_single_matmul(k=128)
+    m.graph.node[0].input[0] = "x_celu"
+    m.graph.node.insert(0, helper.make_node("Celu", ["x"], ["x_celu"], name="/model/odd/Celu"))
+    path = models.save(m, str(tmp_path / "in" / "model.onnx"))
+    np.savez(tmp_path / "calib.npz", x=np.ones((2, 128), np.float32))
+    before = folder_digest(str(tmp_path / "in"))
+    r = nibble.quantize(path, str(tmp_path / "o" / "model.onnx"), "--algo", "awq_lite", "--calib_data",
+                        str(tmp_path / "calib.npz"), "--calib_size", "2", "--calibration_engine", "native", check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"nibble: error: --calibration_engine native: the layer engine cannot run {path}: Celu at node "
+        "'/model/odd/Celu' (--calibration_engine ort runs it)")
+    assert folder_digest(str(tmp_path / "in")) == before
+
+
+def test_the_flag_is_inert_without_calibration(nibble, smollm2, tmp_path):
+    r = nibble.quantize(smollm2, str(tmp_path / "o" / "model.onnx"), "--algo", "rtn_dq", "--calibration_engine",
+                        "native")
+    assert "--calibration_engine native: no effect: --algo rtn_dq runs no calibration" in r.stderr

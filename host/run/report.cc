@@ -28,6 +28,7 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"learned_iters", o.learned_iters},
           {"learned_lr", o.learned_lr},
           {"calibration_eps", o.calib.calibration_eps},
+          {"calibration_engine", name_of(o.calib.engine)},
           {"calib_size", o.calib.calib_size},
           {"dataset", o.calib.dataset},
           {"batch_size", o.calib.batch_size},

@@ -161,12 +161,15 @@ def struct_fields(path: str, struct: str) -> set[str]:
 
 def option_fields() -> set[str]:
     """Every field of QuantizeOptions under its flag's name: the calibration flags live in its
-    CalibrationOptions member, --mixed_strategy in mixed_strategy_flag, --use_zero_point in zero_point_flag,
+    CalibrationOptions member (--calibration_engine in its engine), --mixed_strategy in mixed_strategy_flag, --use_zero_point in zero_point_flag,
     --awq_mode in arithmetic."""
     fields = struct_fields(OPTIONS_H, "QuantizeOptions") - {"calib", "mixed_strategy_flag", "zero_point_flag",
                                                             "arithmetic"}
     fields |= {"mixed_strategy", "use_zero_point", "awq_mode"}
-    fields |= struct_fields(CALIB_H, "CalibrationOptions") - {"threads", "quiet"}  # set from --threads/--quiet
+    # threads, quiet: set from --threads/--quiet; engine is --calibration_engine; layer_engine: the engine the
+    # run opens (no flag)
+    fields |= struct_fields(CALIB_H, "CalibrationOptions") - {"threads", "quiet", "engine", "layer_engine"}
+    fields |= {"calibration_engine"}
     return fields
 
 

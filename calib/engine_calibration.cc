@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -42,7 +43,24 @@ EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::str
   add_source_args(o, argv);
   run_capture(argv, o.quiet);
   const nlohmann::json top = read_json_file(feeds_dir_ + "/batches.json");
-  for (const auto& b : top.at("batches")) batches_.push_back(Batch{feeds_dir_ + "/" + b.at("dir").get<std::string>(), {}, {}, false});
+  nlohmann::json chunk_shapes;
+  int64_t chunk_rows = 0;
+  for (const auto& b : top.at("batches")) {
+    const std::string dir = feeds_dir_ + "/" + b.at("dir").get<std::string>();
+    nlohmann::json shapes = nlohmann::json::object();  // every input's shape: batches join where they agree
+    int64_t rows = 0;
+    for (const auto& e : read_json_file(dir + "/index.json")) {
+      shapes[e.at("name").get<std::string>()] = e.at("shape");
+      if (e.at("name") == kTokenMask) rows = forward::numel_of(e.at("shape").get<std::vector<int64_t>>());
+    }
+    if (batches_.empty() || shapes != chunk_shapes || chunk_rows + rows > kRowsPerChunk) {
+      batches_.push_back(Batch{{}, {}, {}, false});
+      chunk_shapes = shapes;
+      chunk_rows = 0;
+    }
+    batches_.back().dirs.push_back(dir);
+    chunk_rows += rows;
+  }
 }
 
 EngineCalibration::~EngineCalibration() {
@@ -50,12 +68,39 @@ EngineCalibration::~EngineCalibration() {
   if (!feeds_dir_.empty()) fs::remove_all(feeds_dir_, ec);
 }
 
+namespace {
+// The values of several batches joined along their first axis (their shapes agree but in it).
+forward::Value join_first_axis(const std::vector<const forward::Value*>& parts) {
+  const forward::Value& p0 = *parts.front();
+  if (parts.size() == 1 || p0.shape.empty()) return p0;
+  auto shape = p0.shape;
+  shape[0] = 0;
+  for (const auto* p : parts) shape[0] += p->shape[0];
+  void* out = nullptr;
+  forward::Value v = forward::new_value(p0.dtype, shape, &out);
+  size_t at = 0;
+  for (const auto* p : parts) {
+    if (p->bytes()) std::memcpy(static_cast<uint8_t*>(out) + at, p->data, p->bytes());
+    at += p->bytes();
+  }
+  return v;
+}
+}  // namespace
+
 std::map<std::string, forward::Value> EngineCalibration::read_batch_feeds(Batch& b) {
-  auto feeds = forward::read_feeds(b.dir);
-  const auto mask = feeds.find(kTokenMask);
-  if (mask == feeds.end()) throw Error(b.dir + ": the calibration feeds lack their token mask");
-  b.token_mask = forward::to_ints(mask->second);
-  feeds.erase(mask);
+  std::vector<std::map<std::string, forward::Value>> each;
+  for (const auto& dir : b.dirs) {
+    each.push_back(forward::read_feeds(dir));
+    if (!each.back().count(kTokenMask)) throw Error(dir + ": the calibration feeds lack their token mask");
+  }
+  std::map<std::string, forward::Value> feeds;
+  for (const auto& [name, v] : each.front()) {
+    std::vector<const forward::Value*> parts;
+    for (const auto& m : each) parts.push_back(&m.at(name));
+    feeds[name] = join_first_axis(parts);
+  }
+  b.token_mask = forward::to_ints(feeds.at(kTokenMask));
+  feeds.erase(kTokenMask);
   return feeds;
 }
 
@@ -124,8 +169,8 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
   forward_seconds_ += total - stats_s;
   statistics_seconds_ += stats_s;
   if (!quiet_)
-    spdlog::debug("calibration (layer engine): {} activations, {} batches, forward {:.2f} s, statistics {:.2f} s",
-                  acts.size(), batches_.size(), total - stats_s, stats_s);
+    spdlog::debug("calibration (layer engine): {} activations, {} runs of joined batches, forward {:.2f} s, "
+                  "statistics {:.2f} s", acts.size(), batches_.size(), total - stats_s, stats_s);
   return Calibration::from_measured(std::move(measured), tokens);
 }
 

@@ -26,7 +26,7 @@ class EngineCalibration {
   EngineCalibration(const EngineCalibration&) = delete;
   EngineCalibration& operator=(const EngineCalibration&) = delete;
 
-  // Statistics of `acts` on every batch. A request for values computed before where the batches
+  // Statistics of `acts` on every batch (rows in batch order). A request for values computed before where the batches
   // stopped starts them again from the first node. extras.gram_block > 0 keeps only XᵀX's diagonal
   // blocks; a token sample or quantized weights fed forward are refused (Error).
   std::unique_ptr<Calibration> measure(const std::vector<Calibration::Request>& acts, bool mask_padding,
@@ -37,9 +37,13 @@ class EngineCalibration {
   double statistics_seconds() const { return statistics_seconds_; }
 
  private:
+  // Calibration batches run together: consecutive batches whose inputs have the same shapes, joined along
+  // their first (batch) axis up to kRowsPerChunk tokens, so that each product has more rows (sgemm runs
+  // ~30% faster on 1024 rows than on 256 here). Each row's values are its batch's alone.
+  static constexpr int64_t kRowsPerChunk = 1024;
   struct Batch {
-    std::string dir;
-    std::vector<int64_t> token_mask;  // [batch * seq]
+    std::vector<std::string> dirs;
+    std::vector<int64_t> token_mask;  // [rows of every batch, in order]
     forward::GraphRun::State state;
     bool started = false;
   };

@@ -153,8 +153,11 @@ def test_unknown_operator_is_named_in_one_line(nibble, tmp_path):
 FORMS = {
     # Gemma-3-like: sliding window and softcap in GroupQueryAttention, GELU (tanh) MLP, q, k, v fed apart.
     "gemma3": dict(window=5, softcap=30.0, act="gelu_tanh", packed_qkv=False, gate_up_packed=False, rot_frac=1.0),
-    # Phi-3-like: packed qkv, gate and up in one MatMul sliced apart, SiLU, partial rotary (Phi-3.5/4 mini).
+    # Phi-3-like: packed qkv, gate and up in one MatMul sliced apart, SiLU, partial rotary (Phi-4-mini's form).
     "phi3": dict(window=-1, softcap=0.0, act="silu", packed_qkv=True, gate_up_packed=True, rot_frac=0.5),
+    # Qwen2/2.5-like: packed qkv with its bias added before the attention, SiLU, full rotary.
+    "qwen2": dict(window=-1, softcap=0.0, act="silu", packed_qkv=True, gate_up_packed=False, rot_frac=1.0,
+                  qkv_bias=True),
 }
 
 
@@ -209,6 +212,9 @@ def make_genai_like(form: str, dtype: str, H: int = 128, heads: int = 4, kv_head
         if f["packed_qkv"]:
             qkv = node("MatMul", [h, w(f"qkv.{i}", H, (heads + 2 * kv_heads) * D)], [f"{p}/attn/qkv_proj/MatMul/output_0"],
                        f"{p}/attn/qkv_proj/MatMul")
+            if f.get("qkv_bias"):
+                bias = init(f"qkv_bias.{i}", (0.1 * rng.standard_normal((heads + 2 * kv_heads) * D)).astype(np.float32))
+                qkv = node("Add", [qkv, bias], [f"{p}/attn/qkv_proj/Add/output_0"], f"{p}/attn/qkv_proj/Add")
             ins = [qkv, "", ""]
         else:
             ins = [node("MatMul", [h, w(f"{r}.{i}", H, n * D)], [f"{p}/attn/{r}_proj/MatMul/output_0"], f"{p}/attn/{r}_proj/MatMul")

@@ -27,8 +27,12 @@ def _write_batch(d: str, feeds: dict, mask) -> int:
     os.makedirs(d, exist_ok=True)
     index = []
     arrays = dict(feeds)
-    ids = feeds.get("input_ids")
-    arrays[TOKEN_MASK] = (np.asarray(mask) if mask is not None else np.ones(ids.shape)).astype(np.int64)
+    if mask is None:  # every token counts: the [batch, seq] of input_ids, else of the first input of rank >= 2
+        first = feeds.get("input_ids")
+        if first is None:
+            first = next((v for v in feeds.values() if np.ndim(v) >= 2), next(iter(feeds.values())))
+        mask = np.ones(np.shape(first)[:2])
+    arrays[TOKEN_MASK] = np.asarray(mask).astype(np.int64)
     for i, (name, arr) in enumerate(arrays.items()):
         arr = np.ascontiguousarray(arr)
         if arr.dtype not in DTYPES:

@@ -1,6 +1,6 @@
-"""Calibration on nibble's layer engine (`--calibration_engine native`): SmolLM2-135M calibrated by the
-engine layer by layer gives the same bytes as the engine's whole-model pass; the report says which engine
-ran and where its time went; its codes are near ONNX Runtime's (the statistics differ by float32 summation
+"""Calibration on nibble's layer engine (`--calibration_engine native`): layer by layer it gives the same
+bytes as the engine's whole-model pass (awq_lite, awq_clip's diagonal blocks, gptq); the report says which
+engine ran and where its time went; on SmolLM2-135M its codes are near ONNX Runtime's (the statistics differ by float32 summation
 order only: bench/engine_side_by_side.sh measures the perplexity); and the flags it cannot honour are refused
 in one line."""
 import json
@@ -31,18 +31,30 @@ def codes(path: str) -> dict:
     return {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
 
 
-def test_layer_by_layer_equals_the_whole_model_pass_and_the_report_names_the_engine(nibble, smollm2, tmp_path):
+@pytest.fixture(scope="module")
+def llama(model_cache, tmp_path_factory):
+    spec, path = model_cache.llama(layers=3)
+    npz = str(tmp_path_factory.mktemp("engine") / "calib.npz")
+    np.savez(npz, hidden=np.random.default_rng(5).standard_normal((6, 16, spec.hidden)).astype(np.float32))
+    return path, ["--calib_data", npz, "--calib_size", "6", "--block_size", "32", "--quiet"]
+
+
+@pytest.mark.parametrize("algo", ["awq_lite", "awq_clip", "gptq"])  # the whole Gram, its diagonal blocks
+def test_layer_by_layer_equals_the_whole_model_pass_and_the_report_names_the_engine(nibble, llama, tmp_path, algo):
+    path, calib = llama
     outs = {}
     for mode in ("on", "off"):
         out = tmp_path / mode / "model.onnx"
         rep = tmp_path / f"{mode}.json"
-        nibble.quantize(smollm2, str(out), *FAST, "--calibration_engine", "native", "--layer_by_layer", mode,
-                        "--report", str(rep))
+        nibble.quantize(path, str(out), "--algo", algo, *calib, "--calibration_engine", "native",
+                        "--layer_by_layer", mode, "--report", str(rep))
         r = json.loads(rep.read_text())
         assert r["stages"]["calibrate"] == "nibble layer engine (cpu)"
+        assert r["options"]["calibration_engine"] == "native"
         eng = r["summary"]["calibration_engine"]
         assert eng["engine"] == "native" and eng["forward_seconds"] > 0 and eng["statistics_seconds"] > 0
         assert r["summary"]["calibration_processes"] == 1  # capture.py once, for the feeds
+        assert r["summary"]["layer_pass"]["mode"] == ("layer_by_layer" if mode == "on" else "whole_model")
         outs[mode] = codes(str(out))
     assert outs["on"].keys() == outs["off"].keys()
     for k in outs["on"]:

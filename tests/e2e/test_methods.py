@@ -24,9 +24,9 @@ def listed(nibble) -> dict[str, dict]:
 def test_json_lists_every_algo_once(nibble, listed):
     r = nibble.run("methods", "--json")
     names = [m["name"] for m in json.loads(r.stdout)["methods"]]
-    assert len(names) == len(set(names)) == 10, names
-    assert set(names) == {"awq_lite", "awq_clip", "awq_full", "rtn", "rtn_dq", "gptq", "awq_gptq", "rtn_search",
-                          "rtn_lsq", "hqq"}
+    assert len(names) == len(set(names)) == 11, names
+    assert set(names) == {"awq_lite", "awq_clip", "awq_full", "rtn", "rtn_dq", "gptq", "awq_gptq", "awq_learned",
+                          "rtn_search", "rtn_lsq", "hqq"}
 
 
 def test_json_content(listed):

@@ -114,10 +114,12 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
   std::set<std::string> names;
   std::map<std::string, ActivationAccumulator> accs;
   size_t first = graph_->nodes(), end = 0;
+  bool reads_inputs = false;
   std::map<std::string, int64_t> acts_K;
   for (const auto& a : acts) {
     acts_K[a.name] = a.K;
     const size_t p = graph_->producer(a.name);
+    reads_inputs = reads_inputs || p == graph_->nodes();  // a graph input: seen only when a batch starts
     first = std::min(first, p);
     end = std::max(end, p == graph_->nodes() ? size_t(0) : p + 1);
     names.insert(a.name);
@@ -141,7 +143,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       acc.add_rows(x.data(), rows, masked ? mask->data() : nullptr);
       stats_s += since(ts);
     };
-    const bool restart = !b.started || b.state.next > first;
+    const bool restart = !b.started || b.state.next > first || reads_inputs;
     if (restart) {
       auto feeds = read_batch_feeds(b);
       mask = &b.token_mask;

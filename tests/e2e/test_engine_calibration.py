@@ -115,3 +115,20 @@ def test_the_flag_is_inert_without_calibration(nibble, smollm2, tmp_path):
     r = nibble.quantize(smollm2, str(tmp_path / "o" / "model.onnx"), "--algo", "rtn_dq", "--calibration_engine",
                         "native")
     assert "--calibration_engine native: no effect: --algo rtn_dq runs no calibration" in r.stderr
+
+
+def test_an_activation_that_is_a_graph_input_is_measured(nibble, tmp_path):
+    """x -> MatMul: the activation is the graph's input itself. One product, no summation order to differ
+    in: the native statistics give ONNX Runtime's bytes."""
+    path = models.save(models.make_single_matmul(k=128), str(tmp_path / "in" / "model.onnx"))
+    npz = str(tmp_path / "calib.npz")
+    np.savez(npz, x=np.random.default_rng(1).standard_normal((4, 128)).astype(np.float32))
+    got = {}
+    for engine in ("ort", "native"):
+        out = tmp_path / engine / "model.onnx"
+        nibble.quantize(path, str(out), "--algo", "awq_lite", "--calib_data", npz, "--calib_size", "4",
+                        "--calibration_engine", engine, "--quiet")
+        got[engine] = codes(str(out))
+    assert got["ort"].keys() == got["native"].keys() and len(got["ort"]) == 3
+    for k in got["ort"]:
+        assert np.array_equal(got["ort"][k], got["native"][k]), k

@@ -156,6 +156,44 @@ std::vector<Value> group_query_attention(const OpCall& c) {
 
 }  // namespace
 
-void add_attention_ops(OpTable& t) { t["com.microsoft:GroupQueryAttention"] = {group_query_attention, false}; }
+// RotaryEmbedding (com.microsoft): input [B, S, N·D] (num_heads given) or [B, N, S, D]; position ids [B, S],
+// or one offset for positions offset + s; the first rotary_embedding_dim (default: the caches' width · 2)
+// elements of each head rotated as GroupQueryAttention's rotary does, the rest copied.
+std::vector<Value> rotary_embedding(const OpCall& c) {
+  const Value& x = c.need(0);
+  const auto pos = to_ints(c.need(1));
+  const auto cos = to_floats(c.need(2)), sin = to_floats(c.need(3));
+  const Value& cache = c.need(2);
+  if (cache.shape.size() != 2) c.fail("cos_cache must be 2-D, got " + shape_text(cache.shape));
+  if (c.int_attr("is_packed_batching", 0)) c.fail("is_packed_batching is not supported");
+  const bool bnsd = x.shape.size() == 4;
+  if (!bnsd && x.shape.size() != 3) c.fail("input must be [batch, seq, hidden] or [batch, heads, seq, head], got " + shape_text(x.shape));
+  const int64_t B = x.shape[0], S = bnsd ? x.shape[2] : x.shape[1];
+  Gqa g;
+  g.rot_half = cache.shape[1];
+  g.interleaved = c.int_attr("interleaved", 0) != 0;
+  const int64_t rot = c.int_attr("rotary_embedding_dim", 0);
+  if (rot > 0) g.rot_half = rot / 2;
+  int64_t N = bnsd ? x.shape[1] : c.int_attr("num_heads", 0);
+  if (!bnsd && N <= 0) N = x.shape[2] / (2 * g.rot_half);
+  g.D = bnsd ? x.shape[3] : x.shape[2] / N;
+  if (N <= 0 || 2 * g.rot_half > g.D) c.fail("rotary dimension " + std::to_string(2 * g.rot_half) + " for head size " + std::to_string(g.D));
+  if (pos.size() != 1 && int64_t(pos.size()) != B * S) c.fail("position_ids of " + std::to_string(pos.size()) + " values for " + shape_text(x.shape));
+  std::vector<float> v = to_floats(x);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t p = pos.size() == 1 ? pos[0] + s : pos[size_t(b * S + s)];
+        if (p < 0 || (p + 1) * g.rot_half > int64_t(cos.size())) c.fail("position " + std::to_string(p) + " is past the caches");
+        float* head = v.data() + (bnsd ? ((b * N + n) * S + s) * g.D : ((b * S + s) * N + n) * g.D);
+        rotate(head, g, cos, sin, p);
+      }
+  return {from_floats(x.dtype, x.shape, v)};
+}
+
+void add_attention_ops(OpTable& t) {
+  t["com.microsoft:RotaryEmbedding"] = {rotary_embedding, false};
+  t["com.microsoft:GroupQueryAttention"] = {group_query_attention, false};
+}
 
 }  // namespace nibble::forward

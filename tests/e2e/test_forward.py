@@ -258,3 +258,31 @@ def test_genai_layer_forms_equal_onnx_runtime(nibble, tmp_path, form, dtype):
     feeds = {"input_ids": rng.integers(0, 128, (2, 12)).astype(np.int64), "attention_mask": np.ones((2, 12), np.int64)}
     errors = compare(nibble, path, feeds, dtype, tmp_path)
     assert len(errors) == 2 * 4 + 2  # per layer: q/k/v (or qkv), o, gate/up, down; lm_head; the logits
+
+
+@pytest.mark.parametrize("layout, interleaved, positions", [("bsh", 0, "ids"), ("bnsd", 1, "ids"), ("bsh", 0, "offset")])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_rotary_embedding_equals_onnx_runtime(nibble, tmp_path, dtype, layout, interleaved, positions):
+    """RotaryEmbedding (the builder's form where attention takes rotated q and k): half the head rotated
+    (rotary_embedding_dim), position ids per token or one offset."""
+    fdt = np.float16 if dtype == "fp16" else np.float32
+    B, S, N, D, rot = 2, 5, 4, 32, 16
+    rng = np.random.default_rng(2)
+    ang = np.outer(np.arange(32), 1.0 / (10000.0 ** (np.arange(0, rot, 2) / rot)))
+    shape = [B, S, N * D] if layout == "bsh" else [B, N, S, D]
+    pos = rng.integers(0, 20, (B, S)).astype(np.int64) if positions == "ids" else np.array([3], np.int64)
+    attrs = dict(interleaved=interleaved, rotary_embedding_dim=rot, num_heads=N)
+    g = helper.make_graph(
+        [helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], name="rope", domain="com.microsoft",
+                          **attrs)], "g",
+        [helper.make_tensor_value_info("x", ONNX_FLOAT[np.dtype(fdt)], shape),
+         helper.make_tensor_value_info("pos", TensorProto.INT64, list(pos.shape))],
+        [helper.make_tensor_value_info("y", ONNX_FLOAT[np.dtype(fdt)], shape)],
+        initializer=[onnx.numpy_helper.from_array(np.cos(ang).astype(fdt), "cos"),
+                     onnx.numpy_helper.from_array(np.sin(ang).astype(fdt), "sin")])
+    path = models.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                                         ir_version=10), str(tmp_path / "rope.onnx"), storage="raw")
+    feeds = {"x": rng.standard_normal(shape).astype(fdt), "pos": pos}
+    ref = ort_values(path, feeds, ["y"], ONNX_FLOAT[np.dtype(fdt)])["y"]
+    nat, _ = native_values(nibble, path, feeds, ["y"], tmp_path)
+    assert rel_rms(nat["y"], ref) <= (1e-6 if dtype == "fp32" else 5e-4)

@@ -113,11 +113,13 @@ CALIBRATED = {
     "awq_clip": ["--algo", "awq_clip"],
     "awq_full": ["--algo", "awq_full"],
     "mixed_sensitivity": ["--algo", "awq_lite", "--mixed_strategy", "sensitivity"],
+    "awq_lite_native": ["--algo", "awq_lite", "--calibration_engine", "native"],  # the layer engine's statistics
 }
 
 
-# awq_clip and the sensitivity run (awq_lite's search inside) stay under the sanitizers.
-CALIBRATED_CASES = [pytest.param(c, marks=() if c in ("awq_clip", "mixed_sensitivity") else pytest.mark.slow)
+# awq_clip, the sensitivity run (awq_lite's search inside) and the layer engine stay under the sanitizers.
+CALIBRATED_CASES = [pytest.param(c, marks=() if c in ("awq_clip", "mixed_sensitivity", "awq_lite_native")
+                                 else pytest.mark.slow)
                     for c in sorted(CALIBRATED)]
 
 

@@ -63,6 +63,11 @@ EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::str
   }
 }
 
+void EngineCalibration::substitute(const std::string& name, forward::Value v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  graph_->substitute(name, std::move(v));
+}
+
 EngineCalibration::~EngineCalibration() {
   std::error_code ec;
   if (!feeds_dir_.empty()) fs::remove_all(feeds_dir_, ec);
@@ -108,9 +113,8 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
                                                         const CalibrationExtras& extras) {
   if (extras.sample_tokens > 0)
     throw Error("--calibration_engine native keeps no token sample (ModelOpt's awq_clip): use --calibration_engine ort");
-  if (!extras.layer_weights.empty())
-    throw Error("--calibration_engine native does not feed quantized layers forward: use --calibration_engine ort");
   std::lock_guard<std::mutex> lock(mu_);
+  const bool feed = !extras.layer_weights.empty();
   std::set<std::string> names;
   std::map<std::string, ActivationAccumulator> accs;
   size_t first = graph_->nodes(), end = 0;
@@ -143,6 +147,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       acc.add_rows(x.data(), rows, masked ? mask->data() : nullptr);
       stats_s += since(ts);
     };
+    if (feed && b.has_group_start && b.group_start.next <= first && !reads_inputs) b.state = b.group_start;
     const bool restart = !b.started || b.state.next > first || reads_inputs;
     if (restart) {
       auto feeds = read_batch_feeds(b);
@@ -151,6 +156,11 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       b.started = true;
     }
     mask = &b.token_mask;
+    if (feed) {  // the previous group again, now quantized, up to this group's first node
+      graph_->advance(b.state, first, {}, {});
+      b.group_start = b.state;
+      b.has_group_start = true;
+    }
     graph_->advance(b.state, end, names, fold);
     tokens += int64_t(b.token_mask.size());
   }

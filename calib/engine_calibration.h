@@ -28,9 +28,14 @@ class EngineCalibration {
 
   // Statistics of `acts` on every batch (rows in batch order). A request for values computed before where the batches
   // stopped starts them again from the first node. extras.gram_block > 0 keeps only XᵀX's diagonal
-  // blocks; a token sample or quantized weights fed forward are refused (Error).
+  // blocks; a token sample is refused (Error). With the quantized layers fed forward (extras.layer_weights
+  // set), each batch goes back to where the previous request's group began and runs that group again with
+  // the weights substituted since (its quantized form), then measures this group.
+
   std::unique_ptr<Calibration> measure(const std::vector<Calibration::Request>& acts, bool mask_padding,
                                        const CalibrationExtras& extras);
+  // The weight `name` runs as `v` from now on (forward::GraphRun::substitute).
+  void substitute(const std::string& name, forward::Value v);
 
   // Seconds in the forward pass and in the statistics, over every request so far.
   double forward_seconds() const { return forward_seconds_; }
@@ -46,6 +51,8 @@ class EngineCalibration {
     std::vector<int64_t> token_mask;  // [rows of every batch, in order]
     forward::GraphRun::State state;
     bool started = false;
+    forward::GraphRun::State group_start;  // where the last request's group began (quantized layers fed forward)
+    bool has_group_start = false;
   };
   std::unique_ptr<OnnxModel> model_;
   std::unique_ptr<forward::GraphRun> graph_;

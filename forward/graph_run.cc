@@ -35,6 +35,7 @@ std::vector<std::string> GraphRun::unsupported() const {
 }
 
 const Value* GraphRun::initializer(const std::string& name) {
+  if (auto o = overrides_.find(name); o != overrides_.end()) return &o->second;
   auto it = initializers_.find(name);
   if (it != initializers_.end()) return &it->second;
   const onnx::TensorProto* t = model_.initializer(name);

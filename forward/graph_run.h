@@ -47,6 +47,10 @@ class GraphRun {
   std::map<std::string, Value> run(const std::map<std::string, Value>& feeds, const std::set<std::string>& keep,
                                    const std::set<std::string>& capture, const Capture& on_capture);
 
+  // From now on the initializer `name` reads as `v` (a quantized weight dequantized, fed forward in its
+  // float form), whatever the file holds.
+  void substitute(const std::string& name, Value v) { overrides_[name] = std::move(v); }
+
   // Drops the resident pages of every initializer read so far (they come back from the file when read
   // again): the memory-mapped weights would otherwise stay in the process's memory once touched.
   void release_weights();
@@ -58,6 +62,7 @@ class GraphRun {
   OnnxModel& model_;
   std::map<std::string, Value> initializers_;  // views, made once (until release_weights)
   std::vector<std::shared_ptr<TensorView>> views_;
+  std::map<std::string, Value> overrides_;  // substitute()
   std::map<std::string, int> readers_;         // how many node inputs read each name
   std::map<std::string, size_t> producers_;    // node index per output name
   std::map<std::string, double> seconds_;

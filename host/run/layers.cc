@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -12,6 +13,7 @@
 #include "host/run/layer_state.h"
 #include "host/run/report.h"
 #include "calib/calibration.h"
+#include "calib/engine_calibration.h"
 #include "loaders/durable.h"
 #include "loaders/error.h"
 #include "loaders/json_file.h"
@@ -97,6 +99,25 @@ nlohmann::json write_effective(const fs::path& root, size_t g, const PlannedWeig
   return e;
 }
 
+// One quantized weight as the layer engine runs it (--calibration_engine native): the codes dequantized by
+// the backend, divided by s along K and multiplied by the column divisor along N, in the weight's type —
+// what calib/layers.py computes from write_effective's files.
+forward::Value effective_value(kernels::Backend& backend, const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                               const kernels::QuantResult& q, const std::vector<float>* s,
+                               const std::vector<float>* divisor) {
+  const kernels::WeightMatrix shape{pw.dtype, nullptr, pw.rows, pw.cols, pw.k_axis};
+  const std::vector<uint8_t> bytes = backend.dequantize(shape, spec, q, DType::kFloat32);
+  std::vector<float> w(bytes.size() / 4);
+  std::memcpy(w.data(), bytes.data(), w.size() * 4);
+  for (int64_t k = 0; k < shape.K(); ++k)
+    for (int64_t n = 0; n < shape.N(); ++n) {
+      float& x = w[shape.index(k, n)];
+      if (s) x /= (*s)[size_t(k)];
+      if (divisor) x *= (*divisor)[size_t(n)];
+    }
+  return forward::from_floats(pw.dtype, {pw.rows, pw.cols}, w);
+}
+
 fs::path quantized_dir(const QuantizeOptions& o) { return state_path(o) / "quantized"; }
 
 // Group g's dequantization inputs, once no segment still to run reads them.
@@ -152,10 +173,14 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   }
   GroupCalibration c = group_calibration(o, sub.plan, g, groups_file);
   nlohmann::json quantized = nlohmann::json::array();
+  EngineCalibration* engine = o.calib.layer_engine.get();
   if (o.feed_quantized)
     s.on_quantized = [&](const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
                          const std::vector<float>* sp, const std::vector<float>* div) {
-      quantized.push_back(write_effective(quantized_dir(o), g, pw, spec, q, sp, div, quantized.size()));
+      if (engine)
+        engine->substitute(pw.weight, effective_value(backend, pw, spec, q, sp, div));
+      else
+        quantized.push_back(write_effective(quantized_dir(o), g, pw, spec, q, sp, div, quantized.size()));
     };
   const auto t0 = std::chrono::steady_clock::now();
   const bool overlapped = pending.valid();
@@ -168,7 +193,7 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   search_calibrated(o, model, sub, backend, s);
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
-  if (o.feed_quantized) {  // the next layer's inputs, computed through the quantized layers
+  if (o.feed_quantized && !engine) {  // the next layer's inputs, computed through the quantized layers
     write_json_file((quantized_dir(o) / ("eff_" + std::to_string(g) + ".json")).string(), quantized);
     const auto ta = std::chrono::steady_clock::now();
     Calibration::advance(c.copt, model.path(), c.acts, c.extras);

@@ -85,9 +85,9 @@ void validate_options(const QuantizeOptions& o) {
     if (o.arithmetic == Arithmetic::kModelOpt)
       throw Error("--calibration_engine native: --awq_mode modelopt measures ModelOpt's statistics through ONNX "
                   "Runtime (use --calibration_engine ort)");
-    if (o.feed_quantized)
-      throw Error("--calibration_engine native does not feed quantized layers forward yet (--feed_quantized): use "
-                  "--calibration_engine ort");
+    if (o.feed_quantized && o.resume)
+      throw Error("--calibration_engine native --feed_quantized keeps the quantized layers in memory: a resumed run "
+                  "cannot feed the finished ones forward (use --calibration_engine ort)");
     if (!o.calib.calib_cache.empty())
       throw Error("--calib_cache keeps ONNX Runtime's statistics files: not with --calibration_engine native");
   }

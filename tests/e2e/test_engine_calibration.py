@@ -77,8 +77,9 @@ def test_codes_are_near_onnx_runtimes(nibble, smollm2, tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--awq_mode", "modelopt"], "--calibration_engine native: --awq_mode modelopt measures ModelOpt's statistics "
                                  "through ONNX Runtime (use --calibration_engine ort)"),
-    (["--feed_quantized"], "--calibration_engine native does not feed quantized layers forward yet "
-                           "(--feed_quantized): use --calibration_engine ort"),
+    (["--feed_quantized", "--resume"], "--calibration_engine native --feed_quantized keeps the quantized layers in "
+                                       "memory: a resumed run cannot feed the finished ones forward (use "
+                                       "--calibration_engine ort)"),
     (["--calibration_engine", "onnx"], None),
 ])
 def test_flags_the_engine_cannot_honour_are_refused_in_one_line(nibble, smollm2, tmp_path, flags, message):
@@ -132,3 +133,24 @@ def test_an_activation_that_is_a_graph_input_is_measured(nibble, tmp_path):
     assert got["ort"].keys() == got["native"].keys() and len(got["ort"]) == 3
     for k in got["ort"]:
         assert np.array_equal(got["ort"][k], got["native"][k]), k
+
+
+def test_quantized_layers_fed_forward_as_onnx_runtime_feeds_them(nibble, llama, tmp_path):
+    """--feed_quantized: each layer measured on the outputs of the layers quantized before it. The engine
+    substitutes each quantized weight (dequantized) and runs the previous layer again; its codes are ONNX
+    Runtime's but for summation order, and differ from the float-fed run's."""
+    path, calib = llama
+    got = {}
+    for tag, flags in {"ort_fed": ["--calibration_engine", "ort", "--feed_quantized"],
+                       "native_fed": ["--calibration_engine", "native", "--feed_quantized"],
+                       "native": ["--calibration_engine", "native"]}.items():
+        out = tmp_path / tag / "model.onnx"
+        nibble.quantize(path, str(out), "--algo", "awq_lite", *calib, *flags)
+        got[tag] = codes(str(out))
+
+    def agreement(a, b):
+        packed = [k for k, v in got[a].items() if v.dtype.name in ("int4", "uint4")]
+        same = sum(int((got[a][k].astype(np.int16) == got[b][k].astype(np.int16)).sum()) for k in packed)
+        return same / sum(got[a][k].size for k in packed)
+    assert agreement("ort_fed", "native_fed") > 0.999
+    assert agreement("native_fed", "native") < agreement("ort_fed", "native_fed")

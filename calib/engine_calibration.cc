@@ -26,6 +26,18 @@ constexpr const char* kTokenMask = "__token_mask__";  // calib/feeds_dump.py
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.
+void check_finite(const std::map<std::string, MeasuredActivation>& measured, const std::string& model_path) {
+  for (const auto& [name, m] : measured) {
+    bool finite = true;
+    for (double d : m.sum_abs) finite = finite && std::isfinite(d);
+    for (double d : m.gram) finite = finite && std::isfinite(d);
+    if (!finite)
+      throw Error(model_path + ": activation '" + name + "' takes non-finite values (inf/nan) on the calibration "
+                  "data, so its statistics cannot guide the search");
+  }
+}
 }  // namespace
 
 EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::string& model_path) : quiet_(o.quiet) {
@@ -130,6 +142,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
     accs.emplace(a.name, ActivationAccumulator(a.K, extras.gram_block));
   }
   const auto t0 = std::chrono::steady_clock::now();
+  auto last_log = t0;
   double stats_s = 0.0;
   int64_t tokens = 0;
   for (Batch& b : batches_) {
@@ -163,20 +176,18 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
     }
     graph_->advance(b.state, end, names, fold);
     tokens += int64_t(b.token_mask.size());
+    if (!quiet_ && since(last_log) > 10.0) {  // long work (a whole-model pass, a large layer) says how far it is
+      spdlog::info("calibration (layer engine): {} of {} batch runs, {:.0f} s", &b - batches_.data() + 1,
+                   batches_.size(), since(t0));
+      last_log = std::chrono::steady_clock::now();
+    }
   }
   graph_->release_weights();  // this group's weights: the next group reads others
   const auto tf = std::chrono::steady_clock::now();
   std::map<std::string, MeasuredActivation> measured;
   for (auto& [name, acc] : accs) measured[name] = acc.finish();
   stats_s += since(tf);
-  for (auto& [name, m] : measured) {
-    bool finite = true;
-    for (double d : m.sum_abs) finite = finite && std::isfinite(d);
-    for (double d : m.gram) finite = finite && std::isfinite(d);
-    if (!finite)
-      throw Error(model_->path() + ": activation '" + name + "' takes non-finite values (inf/nan) on the calibration "
-                  "data, so its statistics cannot guide the search");
-  }
+  check_finite(measured, model_->path());
   const double total = since(t0);
   forward_seconds_ += total - stats_s;
   statistics_seconds_ += stats_s;

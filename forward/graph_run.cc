@@ -43,11 +43,16 @@ const Value* GraphRun::initializer(const std::string& name) {
   auto view = std::make_shared<TensorView>(model_.view(*t));
   views_.push_back(view);
   Value v{view->dtype, view->dims, view->data, view};
+  if ((v.dtype == DType::kFloat16 || v.dtype == DType::kBFloat16) && widened_bytes_ + size_t(v.numel()) * 4 <= kWidenedBudget) {
+    v = from_floats(v.dtype, v.shape, to_floats(v), /*wide=*/true);  // exact: every fp16/bf16 value is a float32
+    widened_bytes_ += v.bytes();
+  }
   return &initializers_.emplace(name, std::move(v)).first->second;
 }
 
 void GraphRun::release_weights() {
   initializers_.clear();
+  widened_bytes_ = 0;
   for (const auto& v : views_)
     if (v->external) model_.release(*v);
   views_.clear();

@@ -60,7 +60,12 @@ class GraphRun {
 
  private:
   OnnxModel& model_;
-  std::map<std::string, Value> initializers_;  // views, made once (until release_weights)
+  // Initializers as the operators read them, made once (until release_weights): float32 weights are views of
+  // the map; fp16/bf16 ones are widened to float32 once (wide values: the products read them in place)
+  // while the widened copies stay under kWidenedBudget bytes, else handed over as views.
+  static constexpr size_t kWidenedBudget = size_t(1) << 30;
+  std::map<std::string, Value> initializers_;
+  size_t widened_bytes_ = 0;
   std::vector<std::shared_ptr<TensorView>> views_;
   std::map<std::string, Value> overrides_;  // substitute()
   std::map<std::string, int> readers_;         // how many node inputs read each name

@@ -37,7 +37,11 @@ std::vector<float> to_floats(const Value& v) {
     if (n) std::memcpy(out.data(), v.data, size_t(n) * 4);
     return out;
   }
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = load_float(v.dtype, v.data, size_t(i));
+  const auto* h = static_cast<const uint16_t*>(v.data);  // one branch-free loop per type (vectorized)
+  if (v.dtype == DType::kFloat16)
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = half_to_float(h[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = bf16_to_float(h[i]);
   return out;
 }
 

@@ -154,10 +154,12 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       if (!v.is_float() || v.shape.empty() || v.shape.back() != K)
         throw Error("activation '" + name + "' is " + dtype_name(v.dtype) + " " + forward::shape_text(v.shape) +
                     ", not [..., " + std::to_string(K) + "] floats");
-      const std::vector<float> x = forward::to_floats(forward::narrow(v));
+      forward::Floats widened;  // a float32 activation is read in place
+      if (v.storage() != DType::kFloat32 || v.wide) widened = forward::to_floats(forward::narrow(v));
+      const float* x = widened.empty() ? v.as<float>() : widened.data();
       const int64_t rows = v.numel() / K;
       const bool masked = mask_padding && mask && int64_t(mask->size()) == rows;
-      acc.add_rows(x.data(), rows, masked ? mask->data() : nullptr);
+      acc.add_rows(x, rows, masked ? mask->data() : nullptr);
       stats_s += since(ts);
     };
     if (feed && b.has_group_start && b.group_start.next <= first && !reads_inputs) b.state = b.group_start;
@@ -185,7 +187,11 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
   graph_->release_weights();  // this group's weights: the next group reads others
   const auto tf = std::chrono::steady_clock::now();
   std::map<std::string, MeasuredActivation> measured;
-  for (auto& [name, acc] : accs) measured[name] = acc.finish();
+  for (auto& [name, acc] : accs) {
+    measured[name] = acc.finish();
+    statistics_products_.flop += acc.products().flop;
+    statistics_products_.seconds += acc.products().seconds;
+  }
   stats_s += since(tf);
   check_finite(measured, model_->path());
   const double total = since(t0);

@@ -40,6 +40,10 @@ class EngineCalibration {
   // Seconds in the forward pass and in the statistics, over every request so far.
   double forward_seconds() const { return forward_seconds_; }
   double statistics_seconds() const { return statistics_seconds_; }
+  // The products among them (the forward's MatMul, Gemm and attention; the statistics' ssyrk): FLOPs
+  // and seconds, whose ratio is the calibration's arithmetic rate.
+  forward::ProductMeter forward_products() const { return graph_->products(); }
+  forward::ProductMeter statistics_products() const { return statistics_products_; }
 
  private:
   // Calibration batches run together: consecutive batches whose inputs have the same shapes, joined along
@@ -61,6 +65,7 @@ class EngineCalibration {
   int64_t tokens_ = 0;
   bool quiet_ = false;
   double forward_seconds_ = 0.0, statistics_seconds_ = 0.0;
+  forward::ProductMeter statistics_products_;
   std::mutex mu_;
   std::map<std::string, forward::Value> read_batch_feeds(Batch& b);
 };

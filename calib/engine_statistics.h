@@ -1,12 +1,14 @@
 // One activation's statistics folded in batch by batch (the layer engine's calibration): the counted rows,
-// Σ|x| per channel in float64, and XᵀX by ssyrk in float32 over blocks of up to kRowsPerProduct rows, each
-// product added into float64 (calib/README.md's definition for ONNX Runtime's path, which takes 256 rows
-// per product); whole, or only its diagonal blocks.
+// Σ|x| per channel in float64, and XᵀX by ssyrk in float32, one product per batch run's rows (up to
+// kRowsPerProduct at a time), each added into float64 (calib/README.md's definition for ONNX Runtime's
+// path, which takes 256 rows per product); whole, or only its diagonal blocks. The rows are read where
+// they are: nothing is copied but a masked run's counted rows.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "calib/calibration.h"
+#include "forward/matmul.h"
 
 namespace nibble {
 
@@ -18,12 +20,13 @@ class ActivationAccumulator {
   void add_rows(const float* x, int64_t rows, const int64_t* counted);
   // The statistics, XᵀX complete (both triangles).
   MeasuredActivation finish();
+  // The ssyrk products so far: FLOPs (n·K·(K+1) each, the triangle computed) and seconds.
+  const forward::ProductMeter& products() const { return products_; }
 
  private:
   MeasuredActivation m_;
-  std::vector<float> pending_;  // counted rows not yet in a product
-  int64_t pending_rows_ = 0;
-  void flush();
+  forward::ProductMeter products_;
+  void add_product(const float* X, int64_t n);
 };
 
 }  // namespace nibble

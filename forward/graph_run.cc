@@ -77,7 +77,7 @@ void GraphRun::advance(State& s, size_t end, const std::set<std::string>& captur
     const onnx::NodeProto& n = nodes[int(s.next)];
     const OpEntry* op = find_op(n.domain(), n.op_type());
     if (!op) throw Error("forward: node '" + n.name() + "': operator " + n.op_type() + " is not supported by the layer engine");
-    OpCall call{n, {}, op->float32_on_cpu};
+    OpCall call{n, {}, op->float32_on_cpu, &products_};
     std::vector<Value> rounded;  // inputs rounded for an operator with an fp16 kernel
     rounded.reserve(size_t(n.input_size()));
     for (const auto& i : n.input()) {

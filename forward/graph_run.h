@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "forward/matmul.h"
 #include "forward/value.h"
 #include "loaders/onnx_model.h"
 
@@ -57,6 +58,8 @@ class GraphRun {
 
   // Seconds spent per operator type since construction (for the report).
   const std::map<std::string, double>& seconds_per_op() const { return seconds_; }
+  // The products (MatMul, Gemm, attention) since construction: FLOPs and seconds.
+  const ProductMeter& products() const { return products_; }
 
  private:
   OnnxModel& model_;
@@ -71,6 +74,7 @@ class GraphRun {
   std::map<std::string, int> readers_;         // how many node inputs read each name
   std::map<std::string, size_t> producers_;    // node index per output name
   std::map<std::string, double> seconds_;
+  ProductMeter products_;
   const Value* initializer(const std::string& name);
 };
 

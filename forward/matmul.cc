@@ -1,5 +1,7 @@
 #include "forward/matmul.h"
 
+#include <chrono>
+
 #include <cblas.h>
 
 #include <climits>
@@ -22,6 +24,15 @@ void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K,
   if (M == 0 || N == 0) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f, A,
               int(K), B, b_transposed ? int(K) : int(N), 0.0f, C, int(N));
+}
+
+void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
+                    bool b_transposed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  matmul_blas(A, B, C, M, K, N, b_transposed);
+  if (!meter) return;
+  meter->flop += 2.0 * double(M) * double(K) * double(N);
+  meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace nibble::forward

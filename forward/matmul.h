@@ -10,4 +10,12 @@ namespace nibble::forward {
 void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 
+// The products a run computes, for the report's arithmetic rate: FLOPs (2·M·K·N each) and wall seconds.
+struct ProductMeter {
+  double flop = 0.0, seconds = 0.0;
+};
+// matmul_blas, counted in `meter` where it is non-null.
+void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
+                    bool b_transposed);
+
 }  // namespace nibble::forward

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "forward/matmul.h"
 #include "forward/value.h"
 
 namespace nibble::forward {
@@ -15,10 +16,11 @@ struct OpCall {
   const onnx::NodeProto& node;
   std::vector<const Value*> in;
   bool float32_on_cpu = false;  // the operator's entry: results of fp16/bf16 type stay wide
+  ProductMeter* meter = nullptr;  // the run's products, counted (matmul_counted)
 
   // A float result: wide where the operator runs in float32 on ONNX Runtime's CPU provider, else rounded.
-  Value result(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) const {
-    return from_floats(dtype, std::move(shape), values, float32_on_cpu);
+  Value result(DType dtype, std::vector<int64_t> shape, Floats values) const {
+    return from_floats(dtype, std::move(shape), std::move(values), float32_on_cpu);
   }
 
   // Input i, or null when the node omits it (an empty name or fewer inputs).

@@ -9,8 +9,10 @@
 // attends to the sequence's keys only (ONNX Runtime's CPU kernel leaves those rows undefined).
 #include <cmath>
 
+#include "forward/broadcast.h"
 #include "forward/op_table.h"
 #include "forward/matmul.h"
+#include "kernels/parallel.h"
 
 namespace nibble::forward {
 
@@ -25,7 +27,7 @@ struct Gqa {
 };
 
 // x (D floats) rotated in place for position `pos` (ONNX Runtime's rotary: halves or interleaved pairs).
-void rotate(float* x, const Gqa& g, const std::vector<float>& cos, const std::vector<float>& sin, int64_t pos) {
+void rotate(float* x, const Gqa& g, const Floats& cos, const Floats& sin, int64_t pos) {
   const float* cs = cos.data() + pos * g.rot_half;
   const float* sn = sin.data() + pos * g.rot_half;
   for (int64_t i = 0; i < g.rot_half; ++i) {
@@ -38,27 +40,28 @@ void rotate(float* x, const Gqa& g, const std::vector<float>& cos, const std::ve
 
 // q, k, v as [B, H, S, D] float32, rotated and rounded to `t`.
 struct Heads {
-  std::vector<float> q, k, v;
+  Floats q, k, v;
 };
 
 Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
   const Value& query = c.need(0);
   const bool packed = !c.input(1);
   const auto qf = to_floats(query);
-  const std::vector<float> kf = packed ? std::vector<float>{} : to_floats(c.need(1));
-  const std::vector<float> vf = packed ? std::vector<float>{} : to_floats(c.need(2));
-  std::vector<float> cos, sin;
+  const Floats kf = packed ? Floats{} : to_floats(c.need(1));
+  const Floats vf = packed ? Floats{} : to_floats(c.need(2));
+  Floats cos, sin;
   if (g.rotary) {
     cos = to_floats(c.need(7));
     sin = to_floats(c.need(8));
     if (int64_t(cos.size()) < g.S * g.rot_half) c.fail("the cos/sin caches hold fewer than " + std::to_string(g.S) + " positions");
   }
-  Heads h{std::vector<float>(size_t(g.B * g.Hq * g.S * g.D)), std::vector<float>(size_t(g.B * g.Hkv * g.S * g.D)),
-          std::vector<float>(size_t(g.B * g.Hkv * g.S * g.D))};
+  Heads h{Floats(size_t(g.B * g.Hq * g.S * g.D)), Floats(size_t(g.B * g.Hkv * g.S * g.D)),
+          Floats(size_t(g.B * g.Hkv * g.S * g.D))};
   const int64_t width = packed ? (g.Hq + 2 * g.Hkv) * g.D : 0;
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t s = 0; s < g.S; ++s) {
-      auto src = [&](const std::vector<float>& x, int64_t row_width, int64_t col) { return x.data() + (b * g.S + s) * row_width + col; };
+  kernels::parallel_for(g.B * g.S, [&](int64_t bs) {
+    const int64_t b = bs / g.S, s = bs % g.S;
+    {
+      auto src = [&](const Floats& x, int64_t row_width, int64_t col) { return x.data() + (b * g.S + s) * row_width + col; };
       for (int64_t hd = 0; hd < g.Hq; ++hd) {
         float* dq = h.q.data() + ((b * g.Hq + hd) * g.S + s) * g.D;
         std::copy_n(packed ? src(qf, width, hd * g.D) : src(qf, g.Hq * g.D, hd * g.D), g.D, dq);
@@ -72,38 +75,47 @@ Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
         if (g.rotary) rotate(dk, g, cos, sin, s);
       }
     }
-  for (auto* x : {&h.q, &h.k, &h.v})
-    for (float& f : *x) f = round_to(t, f);
+  });
+  if (t != DType::kFloat32)
+    for (auto* x : {&h.q, &h.k, &h.v})
+      parallel_ranges(int64_t(x->size()), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) (*x)[size_t(i)] = round_to(t, (*x)[size_t(i)]);
+      });
   return h;
+}
+
+// Row `s` of one head's scores, in place: scaled (and capped) over the keys it sees, softmaxed, zero
+// elsewhere.
+void softmax_row(const Gqa& g, float* row, int64_t s, int64_t keys) {
+  const int64_t S = g.S;
+  const int64_t end = std::min(s + 1, keys);
+  const int64_t begin = g.window > 0 && end > g.window ? end - g.window : 0;
+  float m = -INFINITY;
+  for (int64_t j = begin; j < end; ++j) {
+    float d = row[j] * g.scale;
+    if (g.softcap > 0.0f) d = g.softcap * std::tanh(d / g.softcap);
+    row[j] = d;
+    m = std::max(m, d);
+  }
+  float sum = 0.0f;
+  for (int64_t j = begin; j < end; ++j) sum += row[j] = std::exp(row[j] - m);
+  for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] / sum : 0.0f;
 }
 
 // One (batch, kv head) and the query heads that share it: scores for all of them in one product
 // ([heads · S, D] · Kᵀ), the causal (windowed, capped) softmax per row, the context in a second product
 // ([heads · S, S] · V), written into out ([B, S, Hq·D]).
-void attend_group(const Gqa& g, const Heads& h, int64_t b, int64_t kv, int64_t keys, std::vector<float>& out) {
+void attend_group(const Gqa& g, const Heads& h, int64_t b, int64_t kv, int64_t keys, Floats& out, ProductMeter* meter) {
   const int64_t group = g.Hq / g.Hkv, S = g.S, D = g.D;
   const float* q = h.q.data() + (b * g.Hq + kv * group) * S * D;  // the group's heads are adjacent
   const float* k = h.k.data() + (b * g.Hkv + kv) * S * D;
   const float* v = h.v.data() + (b * g.Hkv + kv) * S * D;
-  std::vector<float> p(static_cast<size_t>(group * S * S)), ctx(static_cast<size_t>(group * S * D));
-  matmul_blas(q, k, p.data(), group * S, D, S, /*b_transposed=*/true);
-  for (int64_t r = 0; r < group * S; ++r) {
-    const int64_t s = r % S;
-    float* row = p.data() + r * S;
-    const int64_t end = std::min(s + 1, keys);
-    const int64_t begin = g.window > 0 && end > g.window ? end - g.window : 0;
-    float m = -INFINITY;
-    for (int64_t j = begin; j < end; ++j) {
-      float d = row[j] * g.scale;
-      if (g.softcap > 0.0f) d = g.softcap * std::tanh(d / g.softcap);
-      row[j] = d;
-      m = std::max(m, d);
-    }
-    float sum = 0.0f;
-    for (int64_t j = begin; j < end; ++j) sum += row[j] = std::exp(row[j] - m);
-    for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] / sum : 0.0f;
-  }
-  matmul_blas(p.data(), v, ctx.data(), group * S, S, D, false);
+  Floats p(static_cast<size_t>(group * S * S)), ctx(static_cast<size_t>(group * S * D));
+  matmul_counted(meter, q, k, p.data(), group * S, D, S, /*b_transposed=*/true);
+  kernels::parallel_for((group * S + 63) / 64, [&](int64_t chunk) {
+    for (int64_t r = chunk * 64; r < std::min(group * S, chunk * 64 + 64); ++r) softmax_row(g, p.data() + r * S, r % S, keys);
+  });
+  matmul_counted(meter, p.data(), v, ctx.data(), group * S, S, D, false);
   for (int64_t hl = 0; hl < group; ++hl)
     for (int64_t s = 0; s < S; ++s)
       std::copy_n(ctx.data() + (hl * S + s) * D, D, out.data() + ((b * S + s) * g.Hq + kv * group + hl) * D);
@@ -146,12 +158,12 @@ std::vector<Value> group_query_attention(const OpCall& c) {
   const auto total = to_ints(c.need(6));
   if (int64_t(seqlens.size()) != g.B) c.fail("seqlens_k has " + std::to_string(seqlens.size()) + " values for batch " + std::to_string(g.B));
   if (total.size() != 1 || total[0] != g.S) c.fail("total_sequence_length must equal the sequence length (a prompt)");
-  const Heads h = split_heads(c, g, t);
-  std::vector<float> out(static_cast<size_t>(g.B * g.S * g.Hq * g.D));
+  Heads h = split_heads(c, g, t);
+  Floats out(static_cast<size_t>(g.B * g.S * g.Hq * g.D));
   for (int64_t b = 0; b < g.B; ++b)  // the products use BLAS's threads
-    for (int64_t kv = 0; kv < g.Hkv; ++kv) attend_group(g, h, b, kv, std::min(g.S, seqlens[size_t(b)] + 1), out);
-  return {from_floats(t, {g.B, g.S, g.Hq * g.D}, out), from_floats(t, {g.B, g.Hkv, g.S, g.D}, h.k),
-          from_floats(t, {g.B, g.Hkv, g.S, g.D}, h.v)};
+    for (int64_t kv = 0; kv < g.Hkv; ++kv) attend_group(g, h, b, kv, std::min(g.S, seqlens[size_t(b)] + 1), out, c.meter);
+  return {from_floats(t, {g.B, g.S, g.Hq * g.D}, std::move(out)), from_floats(t, {g.B, g.Hkv, g.S, g.D}, std::move(h.k)),
+          from_floats(t, {g.B, g.Hkv, g.S, g.D}, std::move(h.v))};
 }
 
 }  // namespace
@@ -179,7 +191,7 @@ std::vector<Value> rotary_embedding(const OpCall& c) {
   g.D = bnsd ? x.shape[3] : x.shape[2] / N;
   if (N <= 0 || 2 * g.rot_half > g.D) c.fail("rotary dimension " + std::to_string(2 * g.rot_half) + " for head size " + std::to_string(g.D));
   if (pos.size() != 1 && int64_t(pos.size()) != B * S) c.fail("position_ids of " + std::to_string(pos.size()) + " values for " + shape_text(x.shape));
-  std::vector<float> v = to_floats(x);
+  Floats v = to_floats(x);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t s = 0; s < S; ++s) {
@@ -188,7 +200,7 @@ std::vector<Value> rotary_embedding(const OpCall& c) {
         float* head = v.data() + (bnsd ? ((b * N + n) * S + s) * g.D : ((b * S + s) * N + n) * g.D);
         rotate(head, g, cos, sin, p);
       }
-  return {from_floats(x.dtype, x.shape, v)};
+  return {from_floats(x.dtype, x.shape, std::move(v))};
 }
 
 void add_attention_ops(OpTable& t) {

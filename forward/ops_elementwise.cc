@@ -43,18 +43,18 @@ std::vector<Value> binary(const OpCall& c, Binary op) {
                                            broadcast_strides(b.shape, out_shape)};
   if (a.is_float()) {
     if (!b.is_float()) c.fail("a float and an integer operand");
-    std::vector<float> r(static_cast<size_t>(numel_of(out_shape)));
+    Floats r(static_cast<size_t>(numel_of(out_shape)));
     const DType ta = a.storage(), tb = b.storage();
     if (ta == DType::kFloat32 && tb == DType::kFloat32) {
       const float* x = a.as<float>();
       const float* y = b.as<float>();
-      for_each_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) { r[size_t(i)] = apply_float(op, x[ia], y[ib]); });
+      parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) { r[size_t(i)] = apply_float(op, x[ia], y[ib]); });
     } else {
-      for_each_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
+      parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
         r[size_t(i)] = apply_float(op, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
       });
     }
-    return {c.result(a.dtype, out_shape, r)};
+    return {c.result(a.dtype, out_shape, std::move(r))};
   }
   const auto x = to_ints(a);
   const auto y = to_ints(b);
@@ -68,9 +68,11 @@ template <class F>
 std::vector<Value> unary(const OpCall& c, F f) {
   const Value& a = c.need(0);
   if (!a.is_float()) c.fail("expects a float input, got " + dtype_name(a.dtype));
-  std::vector<float> x = to_floats(a);
-  for (float& v : x) v = f(v);
-  return {c.result(a.dtype, a.shape, x)};
+  Floats x = to_floats(a);
+  parallel_ranges(int64_t(x.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) x[size_t(i)] = f(x[size_t(i)]);
+  });
+  return {c.result(a.dtype, a.shape, std::move(x))};
 }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -87,8 +89,8 @@ std::vector<Value> cast(const OpCall& c) {
   if (is_quantizable_float(to)) {
     if (a.is_float()) return {from_floats(to, a.shape, to_floats(a))};
     const auto x = to_ints(a);
-    std::vector<float> f(x.begin(), x.end());
-    return {from_floats(to, a.shape, f)};
+    Floats f(x.begin(), x.end());
+    return {from_floats(to, a.shape, std::move(f))};
   }
   if (to == DType::kInt64 || to == DType::kInt32 || to == DType::kInt8 || to == DType::kUInt8) {
     if (!a.is_float()) return {from_ints(to, a.shape, to_ints(a))};
@@ -103,14 +105,16 @@ std::vector<Value> cast(const OpCall& c) {
 // Gelu / FastGelu (com.microsoft): FastGelu's optional bias is added first.
 std::vector<Value> gelu(const OpCall& c, bool fast) {
   const Value& a = c.need(0);
-  std::vector<float> x = to_floats(a);
+  Floats x = to_floats(a);
   if (const Value* bias = c.input(1)) {
     const auto b = to_floats(*bias);
     if (b.empty() || x.size() % b.size()) c.fail("bias of " + shape_text(bias->shape) + " does not divide the input");
     for (size_t i = 0; i < x.size(); ++i) x[i] += b[i % b.size()];
   }
-  for (float& v : x) v = fast ? gelu_tanh(v) : gelu_erf(v);
-  return {c.result(a.dtype, a.shape, x)};
+  parallel_ranges(int64_t(x.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) x[size_t(i)] = fast ? gelu_tanh(x[size_t(i)]) : gelu_erf(x[size_t(i)]);
+  });
+  return {c.result(a.dtype, a.shape, std::move(x))};
 }
 
 }  // namespace

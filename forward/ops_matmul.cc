@@ -9,7 +9,7 @@ namespace nibble::forward {
 namespace {
 
 // A float value's elements as float32: a view for float32, else a widened copy kept in `keep`.
-const float* floats_of(const Value& v, std::vector<float>& keep) {
+const float* floats_of(const Value& v, Floats& keep) {
   if (v.storage() == DType::kFloat32) return v.as<float>();
   keep = to_floats(v);
   return keep.data();
@@ -24,27 +24,27 @@ std::vector<Value> matmul(const OpCall& c) {
   const int64_t N = b.shape.back();
   if (b.shape[b.shape.size() - 2] != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
   std::vector<int64_t> a_batch(a.shape.begin(), a.shape.end() - 2), b_batch(b.shape.begin(), b.shape.end() - 2);
-  std::vector<float> ka, kb;
+  Floats ka, kb;
   const float* A = floats_of(a, ka);
   const float* B = floats_of(b, kb);
   if (b_batch.empty()) {  // the weight case: every row of A against one B
     const int64_t rows = a.numel() / K;
-    std::vector<float> out(static_cast<size_t>(rows * N));
-    matmul_blas(A, B, out.data(), rows, K, N, false);
+    Floats out(static_cast<size_t>(rows * N));
+    matmul_counted(c.meter, A, B, out.data(), rows, K, N, false);
     auto shape = a.shape;
     shape.back() = N;
-    return {c.result(a.dtype, shape, out)};
+    return {c.result(a.dtype, shape, std::move(out))};
   }
   const auto batch = broadcast_shape(c, {a_batch, b_batch});
   const std::vector<int64_t> strides[2] = {broadcast_strides(a_batch, batch), broadcast_strides(b_batch, batch)};
   auto shape = batch;
   shape.push_back(M);
   shape.push_back(N);
-  std::vector<float> out(static_cast<size_t>(numel_of(shape)));
+  Floats out(static_cast<size_t>(numel_of(shape)));
   for_each_broadcast(batch, strides, [&](int64_t i, int64_t ia, int64_t ib) {
-    matmul_blas(A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false);
+    matmul_counted(c.meter, A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false);
   });
-  return {c.result(a.dtype, shape, out)};
+  return {c.result(a.dtype, shape, std::move(out))};
 }
 
 // Gemm: alpha · op(A) · op(B) + beta · C, A and B 2-D.
@@ -56,9 +56,9 @@ std::vector<Value> gemm(const OpCall& c) {
   const bool tb = c.int_attr("transB", 0) != 0;
   const int64_t M = a.shape[0], K = a.shape[1], N = tb ? b.shape[0] : b.shape[1];
   if ((tb ? b.shape[1] : b.shape[0]) != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
-  std::vector<float> ka, kb;
-  std::vector<float> out(static_cast<size_t>(M * N));
-  matmul_blas(floats_of(a, ka), floats_of(b, kb), out.data(), M, K, N, tb);
+  Floats ka, kb;
+  Floats out(static_cast<size_t>(M * N));
+  matmul_counted(c.meter, floats_of(a, ka), floats_of(b, kb), out.data(), M, K, N, tb);
   const float alpha = c.float_attr("alpha", 1.0f), beta = c.float_attr("beta", 1.0f);
   for (float& v : out) v *= alpha;
   if (const Value* cv = c.input(2)) {
@@ -67,7 +67,7 @@ std::vector<Value> gemm(const OpCall& c) {
     const std::vector<int64_t> strides[1] = {broadcast_strides(cv->shape, shape)};
     for_each_broadcast(shape, strides, [&](int64_t i, int64_t o) { out[size_t(i)] += beta * bias[size_t(o)]; });
   }
-  return {c.result(a.dtype, {M, N}, out)};
+  return {c.result(a.dtype, {M, N}, std::move(out))};
 }
 
 }  // namespace

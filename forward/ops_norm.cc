@@ -27,15 +27,15 @@ std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width,
   const int64_t rows = width ? x.numel() / width : 0;
   const auto g = to_floats(*p.gamma);
   if (int64_t(g.size()) != width) c.fail("scale has " + std::to_string(g.size()) + " values for rows of " + std::to_string(width));
-  const std::vector<float> b = p.beta ? to_floats(*p.beta) : std::vector<float>{};
-  std::vector<float> y(static_cast<size_t>(x.numel())), sum(with_sum ? y.size() : 0);
-  const std::vector<float> xs = to_floats(x);
-  const std::vector<float> ss = p.skip ? to_floats(*p.skip) : std::vector<float>{};
-  const std::vector<float> bias = p.bias ? to_floats(*p.bias) : std::vector<float>{};
+  const Floats b = p.beta ? to_floats(*p.beta) : Floats{};
+  Floats y(static_cast<size_t>(x.numel())), sum(with_sum ? y.size() : 0);
+  const Floats xs = to_floats(x);
+  const Floats ss = p.skip ? to_floats(*p.skip) : Floats{};
+  const Floats bias = p.bias ? to_floats(*p.bias) : Floats{};
   if (p.skip && ss.size() != xs.size()) c.fail("skip of " + shape_text(p.skip->shape) + " for input " + shape_text(x.shape));
   const float eps = c.float_attr("epsilon", 1e-5f);
   kernels::parallel_for((rows + 63) / 64, [&](int64_t chunk) {
-    std::vector<float> v(static_cast<size_t>(width));
+    Floats v(static_cast<size_t>(width));
     for (int64_t r = chunk * 64; r < std::min(rows, chunk * 64 + 64); ++r) {
       const size_t o = size_t(r * width);
       double s1 = 0.0, s2 = 0.0;
@@ -58,10 +58,10 @@ std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width,
       }
     }
   });
-  std::vector<Value> out{from_floats(t, x.shape, y)};
+  std::vector<Value> out{from_floats(t, x.shape, std::move(y))};
   if (with_sum) {
     out.resize(4);
-    out[3] = from_floats(t, x.shape, sum);
+    out[3] = from_floats(t, x.shape, std::move(sum));
   }
   return out;
 }
@@ -108,7 +108,7 @@ std::vector<Value> lp_norm(const OpCall& c) {
   if (c.int_attr("p", 2) != 2) c.fail("only p = 2 is supported");
   const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), x.shape.size()));
   if (axis + 1 != x.shape.size()) c.fail("only the last axis is supported");
-  std::vector<float> v = to_floats(x);
+  Floats v = to_floats(x);
   const int64_t w = x.shape.back();
   for (size_t r = 0; w && r < v.size() / size_t(w); ++r) {
     float* row = v.data() + r * size_t(w);
@@ -117,7 +117,7 @@ std::vector<Value> lp_norm(const OpCall& c) {
     const float norm = float(std::sqrt(s));
     for (int64_t j = 0; j < w; ++j) row[j] = norm > 0.0f ? row[j] / norm : 0.0f;
   }
-  return {c.result(x.dtype, x.shape, v)};
+  return {c.result(x.dtype, x.shape, std::move(v))};
 }
 
 }  // namespace

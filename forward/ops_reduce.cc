@@ -29,9 +29,9 @@ std::vector<Value> reduce(const OpCall& c, bool mean) {
   if (in.is_float()) {
     std::vector<double> acc(size_t(n_out), 0.0);
     for_each_broadcast(in.shape, strides, [&](int64_t i, int64_t o) { acc[size_t(o)] += load_float(in.storage(), in.data, size_t(i)); });
-    std::vector<float> r(acc.size());
+    Floats r(acc.size());
     for (size_t i = 0; i < acc.size(); ++i) r[i] = float(mean ? acc[i] / double(count) : acc[i]);
-    return {c.result(in.dtype, out_shape, r)};
+    return {c.result(in.dtype, out_shape, std::move(r))};
   }
   const auto x = to_ints(in);
   std::vector<int64_t> acc(size_t(n_out), 0);
@@ -46,7 +46,7 @@ std::vector<Value> softmax(const OpCall& c) {
   const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), in.shape.size()));
   for (size_t i = axis + 1; i < in.shape.size(); ++i)
     if (in.shape[i] != 1) c.fail("only the last non-trivial axis is supported, not axis " + std::to_string(axis));
-  std::vector<float> x = to_floats(in);
+  Floats x = to_floats(in);
   const int64_t cols = in.shape[axis];
   for (size_t r = 0; cols && r < x.size() / size_t(cols); ++r) {
     float* row = x.data() + r * size_t(cols);
@@ -56,7 +56,7 @@ std::vector<Value> softmax(const OpCall& c) {
     for (int64_t j = 0; j < cols; ++j) s += row[j] = std::exp(row[j] - m);
     for (int64_t j = 0; j < cols; ++j) row[j] /= s;
   }
-  return {c.result(in.dtype, in.shape, x)};
+  return {c.result(in.dtype, in.shape, std::move(x))};
 }
 
 }  // namespace

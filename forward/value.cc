@@ -18,10 +18,11 @@ Value new_value(DType dtype, std::vector<int64_t> shape, void** out) {
   Value v{dtype, std::move(shape), nullptr, {}};
   const size_t n = v.bytes();
   if (dtype_size(dtype) == 0) throw Error("forward: no storage for element type " + dtype_name(dtype));
-  auto bytes = std::shared_ptr<uint8_t>(new uint8_t[n ? n : 1](), std::default_delete<uint8_t[]>());
-  v.data = bytes.get();
-  v.hold = bytes;
-  *out = bytes.get();
+  void* p = pool_alloc(n);
+  std::memset(p, 0, n);
+  v.hold = std::shared_ptr<void>(p, [n](void* q) { pool_free(q, n); });
+  v.data = p;
+  *out = p;
   return v;
 }
 
@@ -29,10 +30,10 @@ Value view_value(DType dtype, std::vector<int64_t> shape, const void* data) {
   return Value{dtype, std::move(shape), data, {}};
 }
 
-std::vector<float> to_floats(const Value& v) {
+Floats to_floats(const Value& v) {
   if (!v.is_float()) throw Error("forward: expected a float tensor, got " + dtype_name(v.dtype));
   const int64_t n = v.numel();
-  std::vector<float> out(static_cast<size_t>(n));
+  Floats out(static_cast<size_t>(n));
   if (v.storage() == DType::kFloat32) {
     if (n) std::memcpy(out.data(), v.data, size_t(n) * 4);
     return out;
@@ -45,16 +46,16 @@ std::vector<float> to_floats(const Value& v) {
   return out;
 }
 
-Value from_floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values, bool wide) {
-  void* p = nullptr;
+Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool wide) {
   wide = wide && dtype != DType::kFloat32;
-  Value v = new_value(wide ? DType::kFloat32 : dtype, std::move(shape), &p);
-  v.dtype = dtype;
-  v.wide = wide;
-  if (v.storage() == DType::kFloat32) {
-    if (!values.empty()) std::memcpy(p, values.data(), values.size() * 4);
-    return v;
+  if (dtype == DType::kFloat32 || wide) {  // the elements become the value's own: no copy
+    if (int64_t(values.size()) != numel_of(shape)) throw Error("forward: " + std::to_string(values.size()) +
+                                                               " elements for shape " + shape_text(shape));
+    auto held = std::make_shared<Floats>(std::move(values));
+    return Value{dtype, std::move(shape), held->data(), held, wide};
   }
+  void* p = nullptr;
+  Value v = new_value(dtype, std::move(shape), &p);
   for (size_t i = 0; i < values.size(); ++i) store_float(dtype, p, i, round_to(dtype, values[i]));
   return v;
 }

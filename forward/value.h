@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "forward/buffer_pool.h"
 #include "kernels/dtype.h"
 
 namespace nibble::forward {
@@ -40,10 +41,10 @@ Value new_value(DType dtype, std::vector<int64_t> shape, void** out);
 Value view_value(DType dtype, std::vector<int64_t> shape, const void* data);
 
 // The elements of a float value as float32 (fp16 and bf16 widened; float32 and wide values copied).
-std::vector<float> to_floats(const Value& v);
+Floats to_floats(const Value& v);
 // A float value of type `dtype` from float32 elements, each rounded to `dtype`; with `wide`, an fp16/bf16
 // value keeps them unrounded in float32.
-Value from_floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values, bool wide = false);
+Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool wide = false);
 // A wide value rounded to its type (what ONNX Runtime's inserted Cast does); any other value as it is.
 Value narrow(const Value& v);
 // The elements of an integer value (int64, int32, int8, uint8) as int64.

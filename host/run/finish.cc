@@ -16,6 +16,22 @@
 namespace nibble {
 namespace {
 
+// Where the layer engine's calibration time went: the forward pass and the statistics, the products
+// among them (FLOPs and seconds) and their rate over the whole engine time; what the engine spends
+// beyond its products is the rest.
+nlohmann::json layer_engine_json(const EngineCalibration& e) {
+  const auto f = e.forward_products(), s = e.statistics_products();
+  const double seconds = e.forward_seconds() + e.statistics_seconds();
+  const double flop = f.flop + s.flop;
+  return {{"engine", "native"},
+          {"forward_seconds", e.forward_seconds()},
+          {"statistics_seconds", e.statistics_seconds()},
+          {"forward_gflop", f.flop * 1e-9},
+          {"statistics_gflop", s.flop * 1e-9},
+          {"product_seconds", f.seconds + s.seconds},
+          {"gflops", seconds > 0 ? flop * 1e-9 / seconds : 0.0}};
+}
+
 uint64_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -110,10 +126,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"genai_files", c.companions},
                              {"layer_pass", layer_pass}}}};
   report["summary"]["stage_seconds"] = stage_seconds_json(o, t);
-  if (o.calib.layer_engine)  // where the layer engine's calibration time went
-    report["summary"]["calibration_engine"] = {{"engine", "native"},
-                                               {"forward_seconds", o.calib.layer_engine->forward_seconds()},
-                                               {"statistics_seconds", o.calib.layer_engine->statistics_seconds()}};
+  if (o.calib.layer_engine) report["summary"]["calibration_engine"] = layer_engine_json(*o.calib.layer_engine);
   // How fast the weights came from their files (bytes over the reads' wall time), and how long the
   // quantizer waited for them: where the reads are what bounds a run, these say so.
   report["summary"]["read_gbps"] = e.read.gbps();

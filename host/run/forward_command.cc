@@ -28,7 +28,10 @@ int run_forward(const ForwardArgs& a) {
     if (!captured.count(w)) throw Error("the graph of " + a.onnx_path + " computes no value named '" + w + "'");
   std::string ops = "{";
   for (const auto& [op, s] : graph.seconds_per_op()) ops += (ops.size() > 1 ? ", \"" : "\"") + op + "\": " + std::to_string(s);
-  forward::write_values(a.out, captured, "{\"seconds\": " + std::to_string(seconds) + ", \"seconds_per_op\": " + ops + "}}");
+  const forward::ProductMeter& p = graph.products();
+  forward::write_values(a.out, captured, "{\"seconds\": " + std::to_string(seconds) + ", \"gflop\": " +
+                                             std::to_string(p.flop * 1e-9) + ", \"product_seconds\": " +
+                                             std::to_string(p.seconds) + ", \"seconds_per_op\": " + ops + "}}");
   std::fprintf(stderr, "nibble: forward: %zu values of %s in %.2f s -> %s\n", captured.size(), a.onnx_path.c_str(), seconds,
                a.out.c_str());
   return 0;

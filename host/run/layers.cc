@@ -107,7 +107,7 @@ forward::Value effective_value(kernels::Backend& backend, const PlannedWeight& p
                                const std::vector<float>* divisor) {
   const kernels::WeightMatrix shape{pw.dtype, nullptr, pw.rows, pw.cols, pw.k_axis};
   const std::vector<uint8_t> bytes = backend.dequantize(shape, spec, q, DType::kFloat32);
-  std::vector<float> w(bytes.size() / 4);
+  forward::Floats w(bytes.size() / 4);
   std::memcpy(w.data(), bytes.data(), w.size() * 4);
   for (int64_t k = 0; k < shape.K(); ++k)
     for (int64_t n = 0; n < shape.N(); ++n) {
@@ -115,7 +115,7 @@ forward::Value effective_value(kernels::Backend& backend, const PlannedWeight& p
       if (s) x /= (*s)[size_t(k)];
       if (divisor) x *= (*divisor)[size_t(n)];
     }
-  return forward::from_floats(pw.dtype, {pw.rows, pw.cols}, w);
+  return forward::from_floats(pw.dtype, {pw.rows, pw.cols}, std::move(w));
 }
 
 fs::path quantized_dir(const QuantizeOptions& o) { return state_path(o) / "quantized"; }

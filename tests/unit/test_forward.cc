@@ -7,15 +7,17 @@
 #include <random>
 
 #include "calib/engine_statistics.h"
+#include "forward/broadcast.h"
+#include "forward/buffer_pool.h"
 #include "forward/matmul.h"
 #include "forward/op_call.h"
 #include "forward/value.h"
 
 namespace {
-std::vector<float> random_floats(size_t n, uint32_t seed) {
+nibble::forward::Floats random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
+  nibble::forward::Floats v(n);
   for (float& x : v) x = d(rng);
   return v;
 }
@@ -83,6 +85,43 @@ TEST(ForwardOps, UnknownOperatorIsNotFound) {
 }  // namespace
 }  // namespace nibble::forward
 
+namespace nibble::forward {
+namespace {
+
+// Large buffers come back by size, and no more than kIdleBytes wait for reuse.
+TEST(ForwardBufferPool, ReusesFreedBuffersBySizeWithinItsCap) {
+  const size_t big = kPooledBytes * 3;
+  void* a = pool_alloc(big);
+  static_cast<char*>(a)[big - 1] = 1;
+  pool_free(a, big);
+  const size_t idle = pool_idle_bytes();
+  EXPECT_GE(idle, big);
+  void* b = pool_alloc(big);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(pool_idle_bytes(), idle - (big + 4095) / 4096 * 4096);
+  std::vector<void*> many;
+  for (size_t i = 0; i < kIdleBytes / big + 3; ++i) many.push_back(pool_alloc(big));
+  for (void* p : many) pool_free(p, big);
+  EXPECT_LE(pool_idle_bytes(), kIdleBytes);
+  pool_free(b, big);
+}
+
+// Row ranges over the worker threads visit what the sequential walk visits, with the same offsets.
+TEST(ForwardBroadcast, ParallelRowRangesMatchTheSequentialWalk) {
+  const std::vector<int64_t> out = {3, 70, 5, 257};
+  const std::vector<int64_t> strides[2] = {broadcast_strides({70, 1, 257}, out), broadcast_strides({3, 1, 5, 1}, out)};
+  const int64_t n = numel_of(out);
+  std::vector<int64_t> seq(size_t(n * 2), -1), par(size_t(n * 2), -1);
+  for_each_broadcast(out, strides, [&](int64_t i, int64_t a, int64_t b) { seq[size_t(2 * i)] = a, seq[size_t(2 * i + 1)] = b; });
+  parallel_broadcast(out, strides, [&](int64_t i, int64_t a, int64_t b) { par[size_t(2 * i)] = a, par[size_t(2 * i + 1)] = b; });
+  EXPECT_EQ(seq, par);
+  EXPECT_EQ(seq[size_t(2 * (n - 1))], 70 * 257 - 1);
+  EXPECT_EQ(seq[size_t(2 * (n - 1) + 1)], 3 * 5 - 1);
+}
+
+}  // namespace
+}  // namespace nibble::forward
+
 namespace nibble {
 namespace {
 
@@ -92,9 +131,10 @@ TEST(EngineStatistics, GramAndAbsSumsFollowTheirDefinitionOverCountedRows) {
   std::vector<int64_t> counted(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) counted[size_t(r)] = (r % 7) != 3;
   ActivationAccumulator whole(K, 0), blocks(K, 16);
-  whole.add_rows(x.data(), 1600, counted.data());  // two calls: the rows carry over between them
-  whole.add_rows(x.data() + 1600 * K, rows - 1600, counted.data() + 1600);
-  blocks.add_rows(x.data(), rows, counted.data());
+  for (ActivationAccumulator* acc : {&whole, &blocks}) {  // two batch runs, the second longer than one product
+    acc->add_rows(x.data(), 400, counted.data());
+    acc->add_rows(x.data() + 400 * K, rows - 400, counted.data() + 400);
+  }
   const MeasuredActivation m = whole.finish(), b = blocks.finish();
   int64_t n = 0;
   for (int64_t c : counted) n += c;

@@ -1,0 +1,83 @@
+#include "forward/buffer_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace nibble::forward {
+
+namespace {
+
+struct Pool {
+  std::mutex mu;
+  std::multimap<size_t, void*> idle;  // by mapped size
+  size_t idle_bytes = 0;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool;  // never destroyed: values may outlive static destruction order
+  return *p;
+}
+
+size_t mapped_size(size_t bytes) {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+}  // namespace
+
+void* pool_alloc(size_t bytes) {
+  if (bytes < kPooledBytes) {
+    void* p = std::malloc(bytes ? bytes : 1);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  const size_t size = mapped_size(bytes);
+  {
+    Pool& P = pool();
+    std::lock_guard<std::mutex> lock(P.mu);
+    if (auto it = P.idle.find(size); it != P.idle.end()) {
+      void* p = it->second;
+      P.idle.erase(it);
+      P.idle_bytes -= size;
+      return p;
+    }
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void pool_free(void* p, size_t bytes) noexcept {
+  if (!p) return;
+  if (bytes < kPooledBytes) {
+    std::free(p);
+    return;
+  }
+  const size_t size = mapped_size(bytes);
+  if (size > kIdleBytes) {
+    ::munmap(p, size);
+    return;
+  }
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  while (P.idle_bytes + size > kIdleBytes) {  // the newest buffer stays: its shape is the one in use
+    auto old = P.idle.begin();
+    ::munmap(old->second, old->first);
+    P.idle_bytes -= old->first;
+    P.idle.erase(old);
+  }
+  P.idle.emplace(size, p);
+  P.idle_bytes += size;
+}
+
+size_t pool_idle_bytes() {
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  return P.idle_bytes;
+}
+
+}  // namespace nibble::forward

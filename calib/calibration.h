@@ -17,8 +17,9 @@ class CalibCache;
 class EngineCalibration;
 
 // Which engine computes the activations calibration measures: ONNX Runtime (calib/capture.py, in a Python
-// process) or nibble's own layer engine (forward/, calib/engine_calibration.h).
-enum class CalibrationEngine { kOrt, kNative };
+// process) or nibble's own layer engine (forward/, calib/engine_calibration.h); kAuto: the layer engine
+// wherever it can measure what the run asks for, else ONNX Runtime.
+enum class CalibrationEngine { kAuto, kOrt, kNative };
 
 // How calibration runs (the calibration flags of `nibble quantize`, same names).
 struct CalibrationOptions {
@@ -38,7 +39,8 @@ struct CalibrationOptions {
   bool use_random_calib = false;  // seeded random token ids instead of a dataset
   int threads = 0;
   bool quiet = false;
-  CalibrationEngine engine = CalibrationEngine::kOrt;
+  CalibrationEngine engine = CalibrationEngine::kAuto;
+  std::string engine_fallback;  // why kAuto runs ONNX Runtime (empty where it runs the layer engine)
   // kNative: the engine, opened once per run and shared by every layer group's request (each batch's
   // forward pass goes on from where the previous group left it).
   std::shared_ptr<EngineCalibration> layer_engine;

@@ -40,14 +40,32 @@ void check_finite(const std::map<std::string, MeasuredActivation>& measured, con
 }
 }  // namespace
 
-EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::string& model_path) : quiet_(o.quiet) {
+namespace {
+std::string first_unsupported(const forward::GraphRun& graph) {
+  const auto missing = graph.unsupported();
+  if (missing.empty()) return "";
+  return missing.front() + (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : "");
+}
+}  // namespace
+
+std::string layer_engine_cannot_run(const std::string& model_path) {
+  auto model = OnnxModel::load(model_path);
+  return first_unsupported(forward::GraphRun(*model));
+}
+
+EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::string& model_path)
+    : options_(o), quiet_(o.quiet) {
+  options_.layer_engine = nullptr;
   model_ = OnnxModel::load(model_path);
   graph_ = std::make_unique<forward::GraphRun>(*model_);
-  const auto missing = graph_->unsupported();
-  if (!missing.empty())
-    throw Error("--calibration_engine native: the layer engine cannot run " + model_path + ": " + missing.front() +
-                (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : "") +
+  if (const std::string missing = first_unsupported(*graph_); !missing.empty())
+    throw Error("--calibration_engine native: the layer engine cannot run " + model_path + ": " + missing +
                 " (--calibration_engine ort runs it)");
+}
+
+void EngineCalibration::write_feeds() {
+  const CalibrationOptions& o = options_;
+  const std::string& model_path = model_->path();
   std::string tmpl = statistics_dir_template(fs::temp_directory_path().string());
   if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
   feeds_dir_ = tmpl;
@@ -126,6 +144,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
   if (extras.sample_tokens > 0)
     throw Error("--calibration_engine native keeps no token sample (ModelOpt's awq_clip): use --calibration_engine ort");
   std::lock_guard<std::mutex> lock(mu_);
+  if (feeds_dir_.empty()) write_feeds();  // at the first request: a run refused before it starts none
   const bool feed = !extras.layer_weights.empty();
   std::set<std::string> names;
   std::map<std::string, ActivationAccumulator> accs;

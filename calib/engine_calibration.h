@@ -17,10 +17,14 @@
 
 namespace nibble {
 
+// The first node of the model the layer engine cannot run ("op_type (domain) at node 'name'", and how many
+// more), or empty when it runs them all.
+std::string layer_engine_cannot_run(const std::string& model_path);
+
 class EngineCalibration {
  public:
-  // Opens the model and writes the calibration feeds (capture.py feeds). Throws Error, one line, where
-  // the engine cannot run the model (it names the first operator it does not know).
+  // Opens the model (the calibration feeds are written by capture.py at the first request). Throws Error,
+  // one line, where the engine cannot run the model (it names the first operator it does not know).
   EngineCalibration(const CalibrationOptions& o, const std::string& model_path);
   ~EngineCalibration();
   EngineCalibration(const EngineCalibration&) = delete;
@@ -58,6 +62,7 @@ class EngineCalibration {
     forward::GraphRun::State group_start;  // where the last request's group began (quantized layers fed forward)
     bool has_group_start = false;
   };
+  CalibrationOptions options_;
   std::unique_ptr<OnnxModel> model_;
   std::unique_ptr<forward::GraphRun> graph_;
   std::string feeds_dir_;
@@ -68,6 +73,7 @@ class EngineCalibration {
   forward::ProductMeter statistics_products_;
   std::mutex mu_;
   std::map<std::string, forward::Value> read_batch_feeds(Batch& b);
+  void write_feeds();
 };
 
 }  // namespace nibble

@@ -54,7 +54,7 @@ constexpr std::pair<const char*, MixedStrategy> kStrategyNames[] = {
     {"layers_8bit", MixedStrategy::kLayers8bit},
     {"sensitivity", MixedStrategy::kSensitivity}};
 constexpr std::pair<const char*, CalibrationEngine> kCalibrationEngines[] = {
-    {"ort", CalibrationEngine::kOrt}, {"native", CalibrationEngine::kNative}};
+    {"auto", CalibrationEngine::kAuto}, {"ort", CalibrationEngine::kOrt}, {"native", CalibrationEngine::kNative}};
 constexpr std::pair<const char*, LayerMode> kLayerModes[] = {
     {"auto", LayerMode::kAuto}, {"on", LayerMode::kOn}, {"off", LayerMode::kOff}};
 

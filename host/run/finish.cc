@@ -127,6 +127,9 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                              {"layer_pass", layer_pass}}}};
   report["summary"]["stage_seconds"] = stage_seconds_json(o, t);
   if (o.calib.layer_engine) report["summary"]["calibration_engine"] = layer_engine_json(*o.calib.layer_engine);
+  else if (needs_calibration(o))
+    report["summary"]["calibration_engine"] = {{"engine", "ort"},
+        {"why", o.calib.engine_fallback.empty() ? std::string("--calibration_engine ort") : o.calib.engine_fallback}};
   // How fast the weights came from their files (bytes over the reads' wall time), and how long the
   // quantizer waited for them: where the reads are what bounds a run, these say so.
   report["summary"]["read_gbps"] = e.read.gbps();

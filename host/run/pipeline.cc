@@ -48,6 +48,24 @@ void warn_inert_flags(const QuantizeOptions& o) {
       if (on) spdlog::warn("{}: no effect: --algo {} runs no calibration", flag, name_of(o.algo));
 }
 
+// --calibration_engine auto: the layer engine where it can measure what this run asks for, else ONNX Runtime,
+// and o.calib.engine_fallback says why (logged, and in the report).
+CalibrationEngine choose_calibration_engine(QuantizeOptions& o) {
+  if (o.calib.engine != CalibrationEngine::kAuto) return o.calib.engine;
+  std::string& why = o.calib.engine_fallback;
+  if (o.arithmetic == Arithmetic::kModelOpt)
+    why = "--awq_mode modelopt measures ModelOpt's statistics through ONNX Runtime";
+  else if (!o.calib.calib_cache.empty())
+    why = "--calib_cache keeps ONNX Runtime's statistics files";
+  else if (o.feed_quantized && o.resume)
+    why = "a resumed --feed_quantized run feeds the finished layers from their checkpoints";
+  else if (const std::string missing = layer_engine_cannot_run(o.onnx_path); !missing.empty())
+    why = "the layer engine cannot run " + missing;
+  if (why.empty()) return CalibrationEngine::kNative;
+  if (!o.quiet && why.rfind("the layer engine", 0) == 0) spdlog::info("calibration: ONNX Runtime ({})", why);
+  return CalibrationEngine::kOrt;  // the other reasons are flags the user gave: the report says it
+}
+
 }  // namespace
 
 void validate_options(const QuantizeOptions& o) {
@@ -116,7 +134,7 @@ int run_quantize(const QuantizeOptions& given) {
   OnnxModel& model = *loaded.model;
   Planned planned = plan_stage(o, model);
   const LayerChoice layers = choose_layer_pass(o, planned);
-  if (o.calib.engine == CalibrationEngine::kNative && needs_calibration(o))
+  if (needs_calibration(o) && choose_calibration_engine(o) == CalibrationEngine::kNative)
     o.calib.layer_engine = std::make_shared<EngineCalibration>(o.calib, o.onnx_path);
   const auto& groups = layers.groups;
   secs.load = lap();

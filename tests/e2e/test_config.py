@@ -166,9 +166,10 @@ def option_fields() -> set[str]:
     fields = struct_fields(OPTIONS_H, "QuantizeOptions") - {"calib", "mixed_strategy_flag", "zero_point_flag",
                                                             "arithmetic"}
     fields |= {"mixed_strategy", "use_zero_point", "awq_mode"}
-    # threads, quiet: set from --threads/--quiet; engine is --calibration_engine; layer_engine: the engine the
-    # run opens (no flag)
-    fields |= struct_fields(CALIB_H, "CalibrationOptions") - {"threads", "quiet", "engine", "layer_engine"}
+    # threads, quiet: set from --threads/--quiet; engine is --calibration_engine; layer_engine and
+    # engine_fallback: the engine the run opens and why auto did not (no flag)
+    fields |= struct_fields(CALIB_H, "CalibrationOptions") - {"threads", "quiet", "engine", "layer_engine",
+                                                               "engine_fallback"}
     fields |= {"calibration_engine"}
     return fields
 

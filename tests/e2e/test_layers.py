@@ -160,8 +160,9 @@ def test_feed_quantized(nibble, llama, tmp_path):
     spec, path, npz, root = llama
     fed = tmp_path / "fed" / "model.onnx"
     plain = tmp_path / "plain" / "model.onnx"
-    nibble.quantize(path, str(plain), "--algo", "awq_lite", "--layer_by_layer", *calib_args(npz))
-    r = nibble.quantize(path, str(fed), "--algo", "awq_lite", "--layer_by_layer", "--feed_quantized",
+    engine = ("--calibration_engine", "ort")  # ONNX Runtime's feed (the layer engine's: test_engine_calibration)
+    nibble.quantize(path, str(plain), "--algo", "awq_lite", "--layer_by_layer", *engine, *calib_args(npz))
+    r = nibble.quantize(path, str(fed), "--algo", "awq_lite", "--layer_by_layer", "--feed_quantized", *engine,
                         *calib_args(npz))
     assert "run dequantized" in r.stderr, r.describe()
     a, b = initializers(str(plain)), initializers(str(fed))
@@ -373,7 +374,8 @@ def test_one_calibration_process_serves_every_layer(nibble, llama, tmp_path, mon
         monkeypatch.setenv("NIBBLE_CALIB_SERVER", server)
         out = str(tmp_path / f"server{server}" / "model.onnx")
         rep = str(tmp_path / f"server{server}.json")
-        r = nibble.quantize(path, out, "--algo", "awq_lite", "--layer_by_layer", "--report", rep, *calib_args(npz))
+        r = nibble.quantize(path, out, "--algo", "awq_lite", "--layer_by_layer", "--report", rep,
+                            "--calibration_engine", "ort", *calib_args(npz))
         summary = json.load(open(rep))["summary"]
         assert summary["layer_pass"]["mode"] == "layer_by_layer", r.describe()
         outs[server] = (initializers(out), summary["calibration_processes"])

@@ -4,7 +4,8 @@
 # MODEL_DIR: an ORT-GenAI folder (model.onnx, tokenizer.json), e.g. build/e2e-cache/smollm2-fp32-*.
 # Every flag at its default but the calibration data and --calibration_engine (and one ONNX Runtime run with
 # --layer_by_layer off, the whole-model pass, for the time it takes). Prints each run's wall
-# time, peak RSS and stage seconds (the layer engine's forward and statistics seconds), then the paired
+# time, peak RSS and stage seconds (the layer engine's forward and statistics seconds, its products' GFLOP
+# and rate, beside the machine's sgemm rate through the same BLAS: bench/sgemm_rate.py), then the paired
 # perplexity of the two outputs (bench/paired_ppl.py). Run it on a quiet machine: the times are compared.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +17,7 @@ calib="$work/calib_${samples}x${seq_len}.npz"
 (cd "$root/bench" && "$py" -c "import compare_lib as cl, sys; cl.build_calib_npz(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])" \
   "$model_dir" "$samples" "$seq_len" "$calib")
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$py" "$root/bench/sgemm_rate.py" "$root/build/nibble" --seconds 2  # the yardstick of the engine's GFLOP/s
 for run in ort ort_whole native; do
   engine=${run%_whole}
   pass=$([ "$run" = ort_whole ] && echo off || echo auto)

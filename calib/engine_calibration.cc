@@ -66,7 +66,9 @@ EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::str
 void EngineCalibration::write_feeds() {
   const CalibrationOptions& o = options_;
   const std::string& model_path = model_->path();
-  std::string tmpl = statistics_dir_template(fs::temp_directory_path().string());
+  const std::string tmp = fs::temp_directory_path().string();
+  sweep_dead_statistics(tmp);  // the feeds live where ONNX Runtime's statistics would: the same sweep
+  std::string tmpl = statistics_dir_template(tmp);
   if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder: " + errno_text(errno));
   feeds_dir_ = tmpl;
   std::vector<std::string> argv = {"feeds", "--model", model_path, "--out", feeds_dir_};

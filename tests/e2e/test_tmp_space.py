@@ -26,7 +26,8 @@ def quantize(nibble, llama, out, tmp, **env):
     spec, path, npz = llama
     cmd = [nibble.binary, "quantize", "--onnx_path", path, "--output_path", str(out), "--algo", "awq_lite",
            "--calib_data", npz, "--calib_size", str(SAMPLES), "--calibration_eps", "cpu", "--block_size", "32",
-           "--layer_by_layer", "off"]  # the whole-model pass's check: a layer-by-layer run checks per layer
+           "--layer_by_layer", "off",  # the whole-model pass's check: a layer-by-layer run checks per layer
+           "--calibration_engine", "ort"]  # its statistics files (the layer engine keeps them in memory)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TMPDIR": str(tmp), **env})
 

@@ -31,8 +31,8 @@ struct FormatRecord {
   // bits only ("Only 4b quantization is supported for unpacked compute").
   int float_zero_point_bits;
   ByteModel bytes;
-  // The operator an embedding table becomes (--gather_quantize_axis); null: the format's own DequantizeLinear
-  // ahead of the Gather.
+  // The operator an embedding table becomes (--gather_quantize_axis), as the report names it; null: the
+  // format's DequantizeLinear ahead of the Gather.
   const char* gather_operator;
   const char* summary;  // a few words for --help and `nibble methods`
 };

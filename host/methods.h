@@ -46,8 +46,8 @@ struct Rounding {
   // quantizer users compare it with; amax / (2^(b-1) - 1) for the calibrated methods' symmetric fallback.
   kernels::RtnArithmetic symmetric_rtn;
   // Emit may put the next weight on the backend before this one is quantized and quantize it beside the
-  // previous write (emit.cc read_as_stored). Off for hqq, whose quantizer ran on the host when that was built;
-  // not measured on the device since.
+  // previous write (emit.cc read_as_stored). Off for hqq only, as since the look-ahead came in; whether hqq
+  // gains from it has not been measured.
   bool reads_ahead;
 };
 

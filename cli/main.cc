@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "host/run/eval.h"
+#include "host/formats.h"
 #include "host/methods.h"
 #include "host/options.h"
 #include "host/text.h"
@@ -143,10 +144,7 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
                "Device memory the CUDA backend may hold, e.g. 8GiB (KB/MB/GB: powers of 1000, KiB/MiB/GiB: of "
                "1024; default: the free memory less a margin; cuda_emulated: 1GiB); larger weights and Gram "
                "matrices go through in panels");
-  q.add_option("--format", c.format,
-               "Output form of quantized weights: dq (INT4 + DequantizeLinear; default for every algo but rtn), "
-               "qdq (QuantizeLinear->DequantizeLinear on the float weight; default for rtn), matmulnbits "
-               "(com.microsoft.MatMulNBits)");
+  q.add_option("--format", c.format, nibble::formats_help());
   q.add_option("--threads", o.threads, "Worker threads (0: all cores)")->capture_default_str();
   q.add_flag("--force", o.force, "Overwrite an existing output model (never the input)");
   // An option whose value may be left out: `--layer_by_layer` alone (the old boolean flag) leaves "" = on.
@@ -316,7 +314,7 @@ CLI::App* add_forward_command(CLI::App& app, nibble::ForwardArgs& a) {
 CLI::App* add_methods_command(CLI::App& app, bool& json) {
   CLI::App* methods = app.add_subcommand(
       "methods", "List the quantization methods (--algo): what each calibrates, whether --awq_mode modelopt runs "
-                 "it, its default --format");
+                 "it, its default --format, and the output formats");
   methods->add_flag("--json", json, "JSON for programs (the Python API reads it)");
   return methods;
 }

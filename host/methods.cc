@@ -1,6 +1,6 @@
 #include "host/methods.h"
 
-#include "loaders/error.h"
+#include "host/registry.h"
 
 namespace nibble {
 namespace {
@@ -11,6 +11,20 @@ constexpr Measures kClip{false, true, false};
 constexpr Measures kScalesAndClip{true, true, false};
 constexpr Measures kGptq{false, false, true};
 constexpr Measures kScalesAndGptq{true, false, true};
+
+using kernels::RtnArithmetic;
+// Plain RTN after the method's search (or none): ModelOpt's symmetric grid, ONNX Runtime's for the RTN
+// methods themselves.
+constexpr ZeroPointPolicy kOptional = ZeroPointPolicy::kOptional;
+constexpr Rounding kRtnGrid{Quantizer::kRtn, kOptional, nullptr, false, RtnArithmetic::kModelOpt, true};
+constexpr Rounding kOrtRtn{Quantizer::kRtn, kOptional, nullptr, false, RtnArithmetic::kOnnxRuntime, true};
+constexpr Rounding kLsq{Quantizer::kRtnLsq, ZeroPointPolicy::kRefused,
+                        "the least-squares scale search is symmetric only (its zero-point form measured worse than "
+                        "min/max); --algo rtn_dq --use_zero_point is ONNX Runtime's asymmetric RTN",
+                        false, RtnArithmetic::kModelOpt, true};
+constexpr Rounding kSearch{Quantizer::kRtnSearch, kOptional, nullptr, false, RtnArithmetic::kModelOpt, true};
+constexpr Rounding kHqq{Quantizer::kHqq, ZeroPointPolicy::kAlways, "HQQ fits the zero point", true,
+                        RtnArithmetic::kModelOpt, false};
 
 constexpr const char* kNoRtnSearch = "ModelOpt has no RTN search (its RTN is --algo rtn_dq)";
 constexpr const char* kNoGptq =
@@ -23,30 +37,32 @@ std::vector<Method> table() {
       {"rtn_dq", Algo::kRtnDq, kNone, nullptr, Format::kDq,
        "round-to-nearest, DequantizeLinear output, no calibration, fastest; with --awq_mode nibble (default) it "
        "is ONNX Runtime's RTN byte for byte (symmetric: each block's extreme on code -8; with --use_zero_point: "
-       "min/max), with --awq_mode modelopt ModelOpt's 15-level amax/7 grid, bit-identical."},
+       "min/max), with --awq_mode modelopt ModelOpt's 15-level amax/7 grid, bit-identical.", kOrtRtn},
       {"rtn", Algo::kRtn, kNone, nullptr, Format::kQdq,
-       "the same, QuantizeLinear->DequantizeLinear on the float weight."},
+       "the same, QuantizeLinear->DequantizeLinear on the float weight.", kOrtRtn},
       {"rtn_lsq", Algo::kRtnLsq, kNone, kNoRtnSearch, Format::kDq,
        "each block's scale searched by least squares on 16 levels (symmetric; usually 1-2% lower perplexity "
-       "than rtn_dq, once 6% higher)."},
+       "than rtn_dq, once 6% higher).", kLsq},
       {"awq_lite", Algo::kAwqLite, kScales, nullptr, Format::kDq,
-       "activation-aware scale search (calibration through ONNX Runtime)."},
+       "activation-aware scale search (calibration through ONNX Runtime).", kRtnGrid},
       {"awq_clip", Algo::kAwqClip, kClip, nullptr, Format::kDq,
-       "per-block clip ratio search on the calibration data."},
-      {"awq_full", Algo::kAwqFull, kScalesAndClip, nullptr, Format::kDq, "awq_lite then awq_clip."},
+       "per-block clip ratio search on the calibration data.", kRtnGrid},
+      {"awq_full", Algo::kAwqFull, kScalesAndClip, nullptr, Format::kDq, "awq_lite then awq_clip.", kRtnGrid},
       {"gptq", Algo::kGptq, kGptq, kNoGptq, Format::kDq,
        "GPTQ (each channel's rounding error compensated on the channels not yet quantized, through the inverse "
-       "of XᵀX from calibration)."},
-      {"awq_gptq", Algo::kAwqGptq, kScalesAndGptq, kNoGptq, Format::kDq, "awq_lite's scales, then GPTQ on W ⊙ s."},
+       "of XᵀX from calibration).", kRtnGrid},
+      {"awq_gptq", Algo::kAwqGptq, kScalesAndGptq, kNoGptq, Format::kDq, "awq_lite's scales, then GPTQ on W ⊙ s.",
+       kRtnGrid},
       {"rtn_search", Algo::kRtnSearch, kNone, kNoRtnSearch, Format::kDq,
        "round-to-nearest where each block picks the clip ratio and sign of its scale with the smallest weight "
-       "error, no calibration."},
+       "error, no calibration.", kSearch},
       {"hqq", Algo::kHqq, kNone, "ModelOpt has no HQQ (use --awq_mode nibble)", Format::kDq,
        "half-quadratic quantization (each block's zero point by proximal lp-norm iterations, no calibration; "
-       "writes zero points, fractional ones in --format matmulnbits)."},
+       "writes zero points, fractional ones in --format matmulnbits).", kHqq},
       {"awq_learned", Algo::kAwqLearned, kScalesAndGptq, kNoGptq, Format::kDq,
        "awq_gptq, then each weight's rounding learned on the layer's output error through XᵀX (AutoRound's sign "
-       "steps on a rounding offset per weight, then greedy single-level moves; never worse than GPTQ's on it)."},
+       "steps on a rounding offset per weight, then greedy single-level moves; never worse than GPTQ's on it).",
+       kRtnGrid, /*learned_rounding=*/true},
   };
 }
 
@@ -57,16 +73,36 @@ const std::vector<Method>& methods() {
   return all;
 }
 
-const Method& method(Algo a) {
-  for (const Method& m : methods())
-    if (m.algo == a) return m;
-  throw Error("algorithm " + std::to_string(int(a)) + " has no record in the method table");
+const Method& method(Algo a) { return record_of(methods(), &Method::algo, a, "algorithm"); }
+const Method* find_method(const std::string& name) { return find_named(methods(), name); }
+
+const char* name_of(Quantizer q) {
+  switch (q) {
+    case Quantizer::kRtn: return "rtn";
+    case Quantizer::kRtnLsq: return "rtn_lsq";
+    case Quantizer::kRtnSearch: return "rtn_search";
+    case Quantizer::kHqq: return "hqq";
+  }
+  return "";
 }
 
-const Method* find_method(const std::string& name) {
+const char* name_of(ZeroPointPolicy z) {
+  switch (z) {
+    case ZeroPointPolicy::kOptional: return "optional";
+    case ZeroPointPolicy::kAlways: return "always";
+    case ZeroPointPolicy::kRefused: return "refused";
+  }
+  return "";
+}
+
+std::string method_names(bool (*has)(const Method&)) {
+  std::vector<const char*> names;
   for (const Method& m : methods())
-    if (name == m.name) return &m;
-  return nullptr;
+    if (has(m)) names.push_back(m.name);
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += std::string(i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return s;
 }
 
 std::string methods_help() {

@@ -1,7 +1,7 @@
 // The method registry: one record per quantization algorithm (--algo), so that what a method is called,
-// what it measures on calibration data, whether --awq_mode modelopt can run it and which output it writes
-// by default are answered in one table (methods.cc), read by the CLI, the stages, `nibble methods` and,
-// through `nibble methods --json`, the Python API.
+// what it measures on calibration data, whether --awq_mode modelopt can run it, which output it writes by
+// default, how it rounds a weight and what it does with zero points are answered in one table (methods.cc),
+// read by the CLI, the stages, `nibble methods` and, through `nibble methods --json`, the Python API.
 #pragma once
 #include <string>
 #include <vector>
@@ -18,6 +18,39 @@ struct Measures {
   bool any() const { return scale_search || clip_search || gptq; }
 };
 
+// How a method rounds a weight that no calibrated search quantizes (GPTQ and the clip search quantize with
+// their own code; an AWQ scale is applied before this rounding): emit.cc's quantize() calls its backend
+// operation.
+enum class Quantizer {
+  kRtn,        // round to nearest (Backend::rtn, on the grid of Rounding::symmetric_rtn without zero point)
+  kRtnLsq,     // each block's scale by least squares on 16 levels (Backend::rtn_lsq)
+  kRtnSearch,  // each block's clip ratio and scale sign by the smallest weight error (Backend::rtn_weighted)
+  kHqq,        // each block's zero point by HQQ's proximal iterations (Backend::hqq)
+};
+
+// What a method does with zero points: what --use_zero_point says, always (it fits them itself, whatever the
+// flag says), or never (the flag is refused).
+enum class ZeroPointPolicy { kOptional, kAlways, kRefused };
+
+struct Rounding {
+  Quantizer quantizer;
+  ZeroPointPolicy zero_point;
+  // kAlways: why it writes them (the run's note, "(...)"); kRefused: why it refuses --use_zero_point (the error,
+  // after "--algo NAME --use_zero_point: "); null otherwise.
+  const char* zero_point_why;
+  // Its zero points are fractional: kept where the format carries them (FormatRecord::float_zero_point_bits),
+  // rounded to integers elsewhere (the run says so).
+  bool fractional_zero_points;
+  // Whose RTN grid its plain RTN follows in nibble mode without zero point (with one, ONNX Runtime's always;
+  // in modelopt mode, ModelOpt's): ONNX Runtime's for the RTN methods, so that the default never loses to the
+  // quantizer users compare it with; amax / (2^(b-1) - 1) for the calibrated methods' symmetric fallback.
+  kernels::RtnArithmetic symmetric_rtn;
+  // Emit may put the next weight on the backend before this one is quantized and quantize it beside the
+  // previous write (emit.cc read_as_stored). Off for hqq only, as since the look-ahead came in; whether hqq
+  // gains from it has not been measured.
+  bool reads_ahead;
+};
+
 struct Method {
   const char* name;  // the --algo name
   Algo algo;
@@ -27,7 +60,13 @@ struct Method {
   const char* modelopt_refusal;
   Format default_format;  // without --format
   const char* summary;    // one sentence for --help and `nibble methods`
+  Rounding rounding;
+  // GPTQ's codes refined by learned rounding (host/algo/learned_rounding.h): the --learned_* flags and the
+  // report's summary.learned_rounding are its.
+  bool learned_rounding = false;
   bool calibrates() const { return measures.any(); }
+  // Whether it writes zero points, given --use_zero_point (which validate_options refuses for kRefused).
+  bool zero_point(bool flag) const { return flag || rounding.zero_point == ZeroPointPolicy::kAlways; }
 };
 
 // Every method, in the order --help lists them.
@@ -36,5 +75,10 @@ const Method& method(Algo a);
 const Method* find_method(const std::string& name);  // null: no such method
 // "name: summary" for every method, one paragraph (the --algo help).
 std::string methods_help();
+// Names for `nibble methods --json`.
+const char* name_of(Quantizer q);
+const char* name_of(ZeroPointPolicy z);
+// "a, b and c": the names of the methods for which `has` holds (the "(gptq and awq_gptq do)" of a note).
+std::string method_names(bool (*has)(const Method&));
 
 }  // namespace nibble

@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "host/formats.h"
 #include "host/methods.h"
+#include "host/registry.h"
 #include "loaders/error.h"
 
 namespace nibble {
@@ -39,8 +41,6 @@ const char* name_in(E e, const std::pair<const char*, E> (&table)[N]) {
 
 constexpr std::pair<const char*, Arithmetic> kModes[] = {{"nibble", Arithmetic::kNibble},
                                                          {"modelopt", Arithmetic::kModelOpt}};
-constexpr std::pair<const char*, Format> kFormats[] = {
-    {"dq", Format::kDq}, {"qdq", Format::kQdq}, {"matmulnbits", Format::kMatMulNBits}};
 constexpr std::pair<const char*, kernels::Device> kDevices[] = {
     {"auto", kernels::Device::kAuto},
     {"cuda", kernels::Device::kCuda},
@@ -63,12 +63,14 @@ constexpr std::pair<const char*, LayerMode> kLayerModes[] = {
 // The algorithms' names are the method registry's.
 Algo parse_algo(const std::string& s) {
   if (const Method* m = find_method(s)) return m->algo;
-  std::vector<const char*> names;
-  for (const Method& m : methods()) names.push_back(m.name);
-  unknown("--algo", s, names);
+  unknown("--algo", s, names_of(methods()));
 }
 Arithmetic parse_awq_mode(const std::string& s) { return parse_name(s, "--awq_mode", kModes); }
-Format parse_format(const std::string& s) { return parse_name(s, "--format", kFormats); }
+// The formats' names are the format registry's.
+Format parse_format(const std::string& s) {
+  if (const FormatRecord* f = find_format(s)) return f->format;
+  unknown("--format", s, names_of(formats()));
+}
 
 int parse_gather_axis(const std::string& s) {
   for (const auto& [text, axis] : {std::pair{"0", 0}, {"1", 1}, {"-2", 0}, {"-1", 1}})
@@ -79,7 +81,7 @@ kernels::Device parse_device(const std::string& s) { return parse_name(s, "--dev
 MixedStrategy parse_mixed_strategy(const std::string& s) { return parse_name(s, "--mixed_strategy", kStrategies); }
 const char* name_of(Algo a) { return method(a).name; }
 const char* name_of(Arithmetic a) { return name_in(a, kModes); }
-const char* name_of(Format f) { return name_in(f, kFormats); }
+const char* name_of(Format f) { return format_record(f).name; }
 const char* name_of(kernels::Device d) { return name_in(d, kDevices); }
 const char* name_of(MixedStrategy m) { return name_in(m, kStrategyNames); }
 const char* name_of(LayerMode m) { return name_in(m, kLayerModes); }
@@ -98,6 +100,7 @@ Format QuantizeOptions::resolved_format() const { return format ? *format : meth
 bool QuantizeOptions::searches_scales() const { return method(algo).measures.scale_search; }
 bool QuantizeOptions::searches_clip() const { return method(algo).measures.clip_search; }
 bool QuantizeOptions::uses_gptq() const { return method(algo).measures.gptq; }
+bool QuantizeOptions::zero_point() const { return method(algo).zero_point(zero_point_flag); }
 
 MixedStrategy QuantizeOptions::mixed_strategy() const {
   if (!layers_8bit.empty()) return MixedStrategy::kLayers8bit;

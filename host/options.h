@@ -20,7 +20,9 @@ constexpr Algo kLastAlgo = Algo::kAwqLearned;  // a new Algo goes after it, and 
 // Whose arithmetic the algorithms follow (--awq_mode): nibble's own, or ModelOpt 0.47's with its quirks,
 // for bit-exact codes (host/algo/modelopt_compat.h). host/algo/arithmetic.h is where the two part.
 enum class Arithmetic { kNibble, kModelOpt };
+// One record per value in the format registry (host/formats.h): its name, what the graph needs, its byte model.
 enum class Format { kDq, kQdq, kMatMulNBits };
+constexpr Format kLastFormat = Format::kMatMulNBits;  // as kLastAlgo: the registry's test walks 0..last
 // Who picks the INT8 weights: nobody (all INT4), ModelOpt's default rule, --layers_8bit, or nibble's
 // sensitivity measure.
 enum class MixedStrategy { kNone, kModelopt, kLayers8bit, kSensitivity };
@@ -80,8 +82,9 @@ struct QuantizeOptions {
   bool searches_scales() const;
   bool searches_clip() const;
   bool uses_gptq() const;
-  // HQQ fits zero points: it writes them whatever --use_zero_point says.
-  bool zero_point() const { return zero_point_flag || algo == Algo::kHqq; }
+  // Whether the method writes zero points: --use_zero_point, or always where its record says it fits them
+  // (hqq).
+  bool zero_point() const;
   // The mixed strategy in effect (--layers_8bit and --enable_mixed_quant imply one).
   MixedStrategy mixed_strategy() const;
 };

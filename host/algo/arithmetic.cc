@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "host/algo/modelopt_compat.h"
+#include "host/methods.h"
 
 namespace nibble {
 
@@ -110,7 +111,7 @@ const std::vector<float>* awq_quantizer_clip_ratios(const QuantizeOptions& o) {
 bool rtn_searches_scale(const QuantizeOptions& o) {
   // Symmetric only (validate_options refuses rtn_lsq with --use_zero_point): nibble's zero-point search
   // measured worse perplexity than min/max (docs/numerics.md).
-  if (o.algo != Algo::kRtnLsq) return false;
+  if (method(o.algo).rounding.quantizer != Quantizer::kRtnLsq) return false;
   switch (o.arithmetic) {
     case Arithmetic::kModelOpt: return modelopt::kRtnSearchesScale;  // refused before this (check_supported)
     case Arithmetic::kNibble: break;
@@ -123,13 +124,12 @@ kernels::RtnArithmetic rtn_arithmetic(const QuantizeOptions& o, bool zero_point)
     case Arithmetic::kModelOpt: return kernels::RtnArithmetic::kModelOpt;
     case Arithmetic::kNibble: break;
   }
-  // nibble: the RTN methods (rtn, rtn_dq) are ONNX Runtime's RTN in its arithmetic, symmetric or with a zero
-  // point: the same codes and scales as its quantizer, so the default never loses to the peer users compare
-  // it with (the 16-level search won 1-2% on two models and lost 6.3% on a third: docs/numerics.md). With a
-  // zero point every method's plain RTN is ONNX Runtime's (as good or better than ModelOpt's on both bench
-  // models); a calibrated method's symmetric fallback to plain RTN keeps the amax / (2^(b-1) - 1) grid.
-  if (zero_point || o.algo == Algo::kRtn || o.algo == Algo::kRtnDq) return kernels::RtnArithmetic::kOnnxRuntime;
-  return kernels::RtnArithmetic::kModelOpt;
+  // nibble: with a zero point every method's plain RTN is ONNX Runtime's (as good or better than ModelOpt's on
+  // both bench models); without one, the grid the method's record names (Rounding::symmetric_rtn: ONNX
+  // Runtime's for rtn and rtn_dq, whose 16-level search won 1-2% on two models and lost 6.3% on a third,
+  // docs/numerics.md; amax / (2^(b-1) - 1) for a calibrated method's symmetric fallback).
+  if (zero_point) return kernels::RtnArithmetic::kOnnxRuntime;
+  return method(o.algo).rounding.symmetric_rtn;
 }
 
 bool writes_zero_point(const QuantizeOptions& o) {

@@ -21,10 +21,10 @@ std::vector<double> clip_ratio_grid(double step, double alpha_min) {
 Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan) {
   Calibration::Extras e;
   if (!o.searches_clip()) return e;
-  // awq_full's scale search needs the whole Gram matrix; so do nibble mode with a per-channel block
-  // (B = K) and the sensitivity measure of mixed precision. Otherwise ModelOpt's awq_clip reads no
-  // Gram at all, and the small block-diagonal saves the memory.
-  if (o.algo != Algo::kAwqClip || o.block_size <= 0 || mixed_needs_calibration(o)) return e;
+  // A scale search beside the clip search (awq_full) needs the whole Gram matrix; so do nibble mode with a
+  // per-channel block (B = K) and the sensitivity measure of mixed precision. Otherwise ModelOpt's awq_clip
+  // reads no Gram at all, and the small block-diagonal saves the memory.
+  if (o.searches_scales() || o.block_size <= 0 || mixed_needs_calibration(o)) return e;
   for (const auto& pw : plan.weights)
     if (pw.resolved_block() != o.block_size) return e;
   e.gram_block = o.block_size;

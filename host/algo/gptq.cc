@@ -6,12 +6,13 @@
 
 #include "host/algo/awq.h"
 #include "host/algo/learned_rounding.h"
+#include "host/methods.h"
 #include "loaders/error.h"
 
 namespace nibble {
 
 GptqQuantizer::GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend)
-    : learned_(o.algo == Algo::kAwqLearned), learned_opt_(learned_rounding_options(o)), o_(o), calib_(calib),
+    : learned_(method(o.algo).learned_rounding), learned_opt_(learned_rounding_options(o)), o_(o), calib_(calib),
       backend_(backend) {
   opt_.ratios = block_clip_ratios();
   opt_.both_signs = true;

@@ -10,7 +10,9 @@
 #include <regex>
 
 #include "host/algo/arithmetic.h"
+#include "host/formats.h"
 #include "host/graph/rewrite.h"
+#include "host/methods.h"
 #include "host/text.h"
 #include "loaders/error.h"
 #include "loaders/tensor_view.h"
@@ -175,37 +177,60 @@ MixedBudget parse_mixed_budget(const std::string& s) {
 
 ZeroPoints zero_points_of(const QuantizeOptions& o, Format format) {
   if (!o.zero_point()) return ZeroPoints::kNone;
-  return o.algo == Algo::kHqq && format == Format::kMatMulNBits ? ZeroPoints::kFloat : ZeroPoints::kCodes;
+  const bool fractional = method(o.algo).rounding.fractional_zero_points;
+  return fractional && format_record(format).float_zero_point_bits ? ZeroPoints::kFloat : ZeroPoints::kCodes;
 }
+
+namespace {
+
+// ONNX Runtime's MatMulNBits layout: codes [N, G, block·bits/8] in whole (padded) blocks of the layout's block
+// (matmulnbits_layout_block), scales [N, G], zero points packed per row of N or float ones.
+uint64_t matmulnbits_bytes(const PlannedWeight& pw, int bits, int64_t block, const FormatRecord& f, ZeroPoints zps,
+                           SizeMode mode) {
+  uint64_t total = 0;
+  auto add = [&](uint64_t n) { total += tensor_output_bytes(n, mode); };
+  const bool zp = zps != ZeroPoints::kNone, per_channel = bits == 8 || block < 0;
+  const uint64_t K = uint64_t(pw.K()), N = uint64_t(pw.N()), dsz = dtype_size(pw.dtype);
+  kernels::QuantSpec spec{bits, per_channel ? int64_t(K) : block, zp};
+  PlannedWeight as = pw;
+  as.bits = bits;
+  as.block = per_channel ? -1 : block;
+  const int64_t lb = matmulnbits_layout_block(as, spec);
+  const uint64_t Gl = (K + uint64_t(lb) - 1) / uint64_t(lb);
+  add(N * Gl * uint64_t(lb) * uint64_t(bits) / 8);
+  add(N * Gl * dsz);
+  if (zps == ZeroPoints::kFloat && bits == f.float_zero_point_bits) add(N * Gl * dsz);  // else codes (see emit.cc)
+  else if (zp) add(N * (bits == 8 ? Gl : (Gl + 1) / 2));
+  return total;
+}
+
+// DequantizeLinear's layout: codes [K, N] (or the float weight the format keeps), scales and zero points per
+// block of K; QuantizeLinear (a format that keeps the float weight) takes a zero point input always.
+uint64_t dequantize_linear_bytes(const PlannedWeight& pw, int bits, int64_t block, const FormatRecord& f,
+                                 ZeroPoints zps, SizeMode mode) {
+  uint64_t total = 0;
+  auto add = [&](uint64_t n) { total += tensor_output_bytes(n, mode); };
+  const uint64_t K = uint64_t(pw.K()), N = uint64_t(pw.N()), el = K * N, dsz = dtype_size(pw.dtype);
+  const uint64_t bs = bits == 8 || block < 0 ? K : uint64_t(block);
+  const uint64_t G = (K + bs - 1) / bs;
+  if (f.keeps_float_weight) add(el * dsz);
+  else add(bits == 4 ? (el + 1) / 2 : el);
+  add(G * N * dsz);
+  if (zps != ZeroPoints::kNone || f.keeps_float_weight) add(bits == 4 ? (G * N + 1) / 2 : G * N);
+  return total;
+}
+
+}  // namespace
 
 uint64_t weight_output_bytes(const PlannedWeight& pw, int bits, int64_t block, Format format, ZeroPoints zps,
                              SizeMode mode) {
-  const bool zp = zps != ZeroPoints::kNone;
-  const uint64_t K = uint64_t(pw.K()), N = uint64_t(pw.N()), el = K * N;
-  const uint64_t dsz = dtype_size(pw.dtype);
-  const bool per_channel = bits == 8 || block < 0;
-  const uint64_t bs = per_channel ? K : uint64_t(block);
-  const uint64_t G = (K + bs - 1) / bs;
-  uint64_t total = mode == SizeMode::kPayload ? 0 : 256;  // nodes and tensor protos
-  auto add = [&](uint64_t n) { total += tensor_output_bytes(n, mode); };
-  if (format == Format::kMatMulNBits) {
-    kernels::QuantSpec spec{bits, int64_t(bs), zp};
-    PlannedWeight as = pw;
-    as.bits = bits;
-    as.block = per_channel ? -1 : block;
-    const int64_t lb = matmulnbits_layout_block(as, spec);
-    const uint64_t Gl = (K + uint64_t(lb) - 1) / uint64_t(lb);
-    add(N * Gl * uint64_t(lb) * uint64_t(bits) / 8);
-    add(N * Gl * dsz);
-    if (zps == ZeroPoints::kFloat && bits == 4) add(N * Gl * dsz);  // 8 bits: codes (see emit.cc)
-    else if (zp) add(N * (bits == 8 ? Gl : (Gl + 1) / 2));
-    return total;
+  const uint64_t protos = mode == SizeMode::kPayload ? 0 : 256;  // nodes and tensor protos
+  const FormatRecord& f = format_record(format);
+  switch (f.bytes) {
+    case ByteModel::kMatMulNBits: return protos + matmulnbits_bytes(pw, bits, block, f, zps, mode);
+    case ByteModel::kDequantizeLinear: break;
   }
-  if (format == Format::kQdq) add(el * dsz);  // the float weight stays
-  else add(bits == 4 ? (el + 1) / 2 : el);
-  add(G * N * dsz);
-  if (zp || format == Format::kQdq) add(bits == 4 ? (G * N + 1) / 2 : G * N);
-  return total;
+  return protos + dequantize_linear_bytes(pw, bits, block, f, zps, mode);
 }
 
 void apply_static_mixed(const OnnxModel& model, Plan& plan, const QuantizeOptions& o, MixedOutcome* out) {
@@ -302,7 +327,7 @@ Sizes weight_sizes(const OnnxModel& model, const Plan& plan, Format format, Zero
   z.fixed_payload = fixed;
   std::set<std::string> planned;
   for (const auto& pw : plan.weights)
-    if (!pw.keep_float && format != Format::kQdq) planned.insert(pw.weight);
+    if (!pw.keep_float && !format_record(format).keeps_float_weight) planned.insert(pw.weight);
   for (const auto& t : model.proto().graph().initializer())
     if (t.data_location() == onnx::TensorProto::EXTERNAL && !planned.count(t.name())) {
       fixed += tensor_output_bytes(expected_nbytes(t), mode);

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "host/formats.h"
 #include "host/graph/opset.h"
 #include "loaders/error.h"
 
@@ -117,15 +118,17 @@ Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& sp
                            const std::vector<uint8_t>* qdq_float) {
   const uint64_t before = bytes_;
   const Format used = format_for(pw);
-  if (used != Format::kMatMulNBits && !q.float_zero_points.empty())
-    throw Error("internal: '" + pw.weight + "' has float zero points, which only MatMulNBits carries");
+  const FormatRecord& f = format_record(used);
+  if (!f.float_zero_point_bits && !q.float_zero_points.empty())
+    throw Error("internal: '" + pw.weight + "' has float zero points, which --format " + f.name + " does not carry");
   std::string quantize_input;
-  if (used == Format::kQdq && qdq_float) {
+  if (f.keeps_float_weight && qdq_float) {
     quantize_input = unique_name(pw.weight + "_dequantized");
     add_initializer(quantize_input, int(pw.dtype), {pw.rows, pw.cols}, *qdq_float);
-  } else if (used == Format::kQdq) {
+  } else if (f.keeps_float_weight) {
     quantize_input = pw.weight;
   }
+  // How each format's nodes and tensors are written is its own code (its emit_* function).
   if (used == Format::kMatMulNBits && pw.op_type == "Gather") emit_gather_block_quantized(pw, spec, q);
   else if (used == Format::kMatMulNBits) emit_matmulnbits(pw, spec, q);
   else emit_dq(pw, spec, q, quantize_input);

@@ -61,9 +61,6 @@ class GraphRewriter {
   // Initializers whose data this rewriter already wrote (the pipeline must not copy them again).
   const std::set<std::string>& written_initializers() const { return written_; }
 
-  // Whether the graph will need opset 21 (any DequantizeLinear emitted, or possible fallback).
-  static bool format_needs_opset21(Format f) { return f != Format::kMatMulNBits; }
-
   // Float initializers the quantized graph no longer reads.
   const std::set<std::string>& removed_initializers() const { return removed_; }
 

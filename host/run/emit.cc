@@ -7,7 +7,9 @@
 #include <future>
 #include <optional>
 
+#include "host/formats.h"
 #include "host/graph/awq_place.h"
+#include "host/methods.h"
 #include "host/run/progress.h"
 #include "host/run/stages.h"
 #include "kernels/parallel.h"
@@ -79,12 +81,40 @@ kernels::RtnSearchOptions rtn_lsq_options() {
   return r;
 }
 
-// HQQ keeps its fractional zero points where the weight is written as a 4-bit MatMulNBits (T1 zero
-// points); ONNX DequantizeLinear (dq, qdq, a Gemm's dq fallback) takes integer ones only, and ONNX
-// Runtime's CPU MatMulNBits computes float zero points at 4 bits only ("Only 4b quantization is supported
-// for unpacked compute"), so 8-bit layers keep integer ones.
+// A method with fractional zero points (hqq) keeps them where the weight's format carries them at its bits
+// (MatMulNBits' T1 zero points at 4 bits: ONNX Runtime's CPU MatMulNBits computes float zero points at 4 bits
+// only, "Only 4b quantization is supported for unpacked compute"); ONNX DequantizeLinear (dq, qdq, a Gemm's
+// dq fallback) takes integer ones only.
 bool writes_float_zero_point(const QuantizeOptions& o, const PlannedWeight& pw, const GraphRewriter& rewriter) {
-  return pw.bits == 4 && zero_points_of(o, rewriter.format_for(pw)) == ZeroPoints::kFloat;
+  const Format f = rewriter.format_for(pw);
+  return zero_points_of(o, f) == ZeroPoints::kFloat && pw.bits == format_record(f).float_zero_point_bits;
+}
+
+// The method's own rounding (its record's quantizer) of a weight no calibrated search quantizes; false: plain
+// RTN, after AWQ's scale where the weight has one.
+bool round_own(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p, bool float_zero_point,
+               kernels::Backend& backend, kernels::QuantResult& q) {
+  switch (method(o.algo).rounding.quantizer) {
+    case Quantizer::kRtnSearch: {
+      // No calibration: each block picks, among clip ratios of both signs (the block's extreme on the
+      // otherwise unused code -2^(b-1) included), the scale with the smallest weight error.
+      const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
+      backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
+      return true;
+    }
+    case Quantizer::kHqq: {
+      kernels::HqqOptions h;
+      h.float_zero_point = float_zero_point;
+      backend.hqq(p.w, p.spec, h, q);
+      return true;
+    }
+    case Quantizer::kRtnLsq:
+      if (!rtn_searches_scale(o)) return false;
+      backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
+      return true;
+    case Quantizer::kRtn: break;
+  }
+  return false;
 }
 
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
@@ -97,21 +127,9 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
     searched.gptq->quantize(pw, p.w, p.spec, s, q);
   } else if (o.searches_clip()) {
     searched.clipper->quantize(pw, p.w, p.spec, s, q);
-  } else if (o.algo == Algo::kRtnSearch) {
-    // No calibration: each block picks, among clip ratios of both signs (the block's extreme on the
-    // otherwise unused code -2^(b-1) included), the scale with the smallest weight error.
-    const std::vector<float> unit(static_cast<size_t>(pw.K()), 1.0f);
-    backend.rtn_weighted(p.w, p.spec, unit.data(), block_clip_ratios(), q);
-  } else if (o.algo == Algo::kHqq) {
-    kernels::HqqOptions h;
-    h.float_zero_point = float_zero_point;
-    backend.hqq(p.w, p.spec, h, q);
-  } else if (rtn_searches_scale(o)) {
-    backend.rtn_lsq(p.w, p.spec, rtn_lsq_options(), q);
-  } else if (s) {
-    quantize_awq_scaled(o, pw, p.w, p.spec, *s, *searched.calib, backend, q);
-  } else {
-    backend.rtn(p.w, p.spec, q);
+  } else if (!round_own(o, pw, p, float_zero_point, backend, q)) {
+    if (s) quantize_awq_scaled(o, pw, p.w, p.spec, *s, *searched.calib, backend, q);
+    else backend.rtn(p.w, p.spec, q);
   }
   validate_result(pw, q);
   return q;
@@ -151,7 +169,8 @@ void emit_gather(const QuantizeOptions& o, OnnxModel& model, const PlannedWeight
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
   e.weights.push_back(weight_entry(pw, p.spec, q, used, bytes, secs));
   e.weights.back()["gather_quantize_axis"] = pw.k_axis;
-  e.weights.back()["op_format"] = used == Format::kMatMulNBits ? "GatherBlockQuantized" : name_of(used);
+  const char* op = format_record(used).gather_operator;
+  e.weights.back()["op_format"] = op ? op : name_of(used);
 }
 
 // A table tied to a weight quantized without an AWQ scale shares that weight's MatMulNBits
@@ -188,11 +207,11 @@ bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vecto
 }
 
 // Whether the quantizer reads this weight on the backend as it is stored (no AWQ scale, no divided
-// columns, no algorithm that runs on the host): then it is worth putting on the backend ahead of time.
+// columns, a method whose record lets it read ahead): then it is worth putting on the backend ahead of time.
 bool read_as_stored(const QuantizeOptions& o, const PlannedWeight& pw, const Searched& searched,
                     const std::map<std::string, std::vector<float>>& scales,
                     const std::map<std::string, std::vector<float>>& column_divisors) {
-  return !searched.replay && !searched.gptq && !o.searches_clip() && o.algo != Algo::kHqq &&
+  return !searched.replay && !searched.gptq && !o.searches_clip() && method(o.algo).rounding.reads_ahead &&
          !scales.count(pw.weight) && !column_divisors.count(pw.weight);
 }
 
@@ -293,9 +312,10 @@ void log_plan(const QuantizeOptions& o, const Planned& planned, uint64_t bytes_i
                                     : " + " + std::to_string(plan.gathers.size()) + " embedding(s) INT4 block " +
                                           std::to_string(o.gather_block_size),
                name_of(planned.format));
-  if (o.algo == Algo::kHqq && planned.format == Format::kMatMulNBits && n_int8)
-    spdlog::info("--algo hqq: the {} INT8 layers keep integer zero points (ONNX Runtime's MatMulNBits takes float "
-                 "zero points at 4 bits only)", n_int8);
+  const int float_bits = format_record(planned.format).float_zero_point_bits;
+  if (zero_points_of(o, planned.format) == ZeroPoints::kFloat && n_int8 && float_bits != 8)
+    spdlog::info("--algo {}: the {} INT8 layers keep integer zero points (--format {} takes float zero points at {} "
+                 "bits only)", name_of(o.algo), n_int8, name_of(planned.format), float_bits);
 }
 
 // One embedding table: shared with a tied weight's codes, or quantized on its own.
@@ -323,7 +343,7 @@ void write(EmitContext& c, const PlannedWeight& pw, Job& j, Emitted& e, Progress
   // Runtime's is not), the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
   const bool transformed = c.searched.gptq || j.scale || j.divisor || c.o.searches_clip();
   std::vector<uint8_t> qdq_float;
-  if (transformed && c.planned.format == Format::kQdq) qdq_float = c.backend.dequantize(j.p.w, j.p.spec, j.q, pw.dtype);
+  if (transformed && format_record(c.planned.format).keeps_float_weight) qdq_float = c.backend.dequantize(j.p.w, j.p.spec, j.q, pw.dtype);
   const Format used = c.rewriter.emit(pw, j.p.spec, j.q, &bytes, qdq_float.empty() ? nullptr : &qdq_float);
   if (used != c.planned.format)
     spdlog::warn("{}: {} cannot be expressed as MatMulNBits (transA, alpha/beta or bias shape); wrote dq instead",

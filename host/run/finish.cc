@@ -7,6 +7,7 @@
 #include "calib/capture_server.h"
 #include "calib/engine_calibration.h"
 #include "host/algo/learned_rounding.h"
+#include "host/methods.h"
 #include "host/run/progress.h"
 #include "host/run/report.h"
 #include "host/run/stages.h"
@@ -137,7 +138,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                                {"seconds", e.read.seconds},   {"wait_seconds", e.read.wait_seconds},
                                {"threads", e.read.threads}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
-  if (o.algo == Algo::kAwqLearned) {
+  if (method(o.algo).learned_rounding) {
     const LearnedRoundingTotals l = learned_rounding_totals();
     report["summary"]["learned_rounding"] = {{"objective_gptq", l.objective_gptq},
                                              {"objective_learned", l.objective_learned},

@@ -1,8 +1,10 @@
-// `nibble methods`: the method registry (host/methods.h) as a table for people or JSON for programs.
+// `nibble methods`: the method and format registries (host/methods.h, host/formats.h) as a table for people
+// or JSON for programs.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "host/formats.h"
 #include "host/methods.h"
 #include "host/run/pipeline.h"
 
@@ -27,7 +29,22 @@ nlohmann::json to_json(const Method& m) {
   j["modelopt_refusal"] = m.modelopt_refusal ? nlohmann::json(m.modelopt_refusal) : nlohmann::json();
   j["default_format"] = name_of(m.default_format);
   j["summary"] = m.summary;
+  j["quantizer"] = name_of(m.rounding.quantizer);
+  j["zero_point"] = name_of(m.rounding.zero_point);
+  j["zero_point_why"] = m.rounding.zero_point_why ? nlohmann::json(m.rounding.zero_point_why) : nlohmann::json();
+  j["fractional_zero_points"] = m.rounding.fractional_zero_points;
+  j["learned_rounding"] = m.learned_rounding;
   return j;
+}
+
+nlohmann::json to_json(const FormatRecord& f) {
+  return {{"name", f.name},
+          {"needs_opset21", f.needs_opset21},
+          {"keeps_float_weight", f.keeps_float_weight},
+          {"float_zero_point_bits", f.float_zero_point_bits},
+          {"byte_model", name_of(f.bytes)},
+          {"gather_operator", f.gather_operator ? nlohmann::json(f.gather_operator) : nlohmann::json()},
+          {"summary", f.summary}};
 }
 
 std::string joined(const std::vector<std::string>& v) {
@@ -42,7 +59,9 @@ int run_methods(bool json) {
   if (json) {
     nlohmann::json all = nlohmann::json::array();
     for (const Method& m : methods()) all.push_back(to_json(m));
-    std::printf("%s\n", nlohmann::json{{"methods", all}}.dump(1).c_str());
+    nlohmann::json fs = nlohmann::json::array();
+    for (const FormatRecord& f : formats()) fs.push_back(to_json(f));
+    std::printf("%s\n", nlohmann::json{{"methods", all}, {"formats", fs}}.dump(1).c_str());
     return 0;
   }
   std::printf("%-11s %-25s %-9s %-6s %s\n", "method", "calibrates", "modelopt", "format", "summary");
@@ -52,6 +71,8 @@ int run_methods(bool json) {
   std::printf("\n--awq_mode modelopt refuses:\n");
   for (const Method& m : methods())
     if (m.modelopt_refusal) std::printf("  %-11s %s\n", m.name, m.modelopt_refusal);
+  std::printf("\n--format:\n");
+  for (const FormatRecord& f : formats()) std::printf("  %-11s %s\n", f.name, f.summary);
   return 0;
 }
 

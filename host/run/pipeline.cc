@@ -9,6 +9,8 @@
 #include <chrono>
 #include <exception>
 
+#include "host/formats.h"
+#include "host/methods.h"
 #include "host/run/layer_choice.h"
 #include "host/run/layers.h"
 #include "host/run/stages.h"
@@ -18,6 +20,24 @@
 namespace nibble {
 namespace {
 
+// What the method's record says about zero points that --use_zero_point and --format do not: that it writes
+// them anyway, or rounds its fractional ones where the format takes integers only.
+void note_zero_points(const QuantizeOptions& o) {
+  const Method& m = method(o.algo);
+  if (m.rounding.zero_point == ZeroPointPolicy::kAlways && !o.zero_point_flag)
+    spdlog::info("--algo {}: writes UINT4/UINT8 codes with zero points ({}), as with --use_zero_point", m.name,
+                 m.rounding.zero_point_why);
+  const Format f = o.resolved_format();
+  if (!m.rounding.fractional_zero_points || format_record(f).float_zero_point_bits) return;
+  for (const FormatRecord& keeps : formats())
+    if (keeps.float_zero_point_bits) {
+      spdlog::info("--algo {} --format {}: zero points rounded to integers (DequantizeLinear takes integer ones "
+                   "only); --format {} keeps its fractional zero points, more accurate", m.name, name_of(f),
+                   keeps.name);
+      return;
+    }
+}
+
 // Flags ModelOpt's command line has that change nothing in this configuration: one line each.
 void warn_inert_flags(const QuantizeOptions& o) {
   if (o.gather_block_size != 32 && !o.gather_quantize_axis)
@@ -25,20 +45,17 @@ void warn_inert_flags(const QuantizeOptions& o) {
                  "turns Gather quantization on): embeddings stay float", o.gather_block_size);
   warn_inert_arithmetic_flags(o);
   if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
-    spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", o.gptq_percdamp,
-                 name_of(o.algo));
-  if (o.algo == Algo::kHqq && !o.zero_point_flag)
-    spdlog::info("--algo hqq: writes UINT4/UINT8 codes with zero points (HQQ fits the zero point), as with "
-                 "--use_zero_point");
-  if (o.algo == Algo::kHqq && o.resolved_format() != Format::kMatMulNBits)
-    spdlog::info("--algo hqq --format {}: zero points rounded to integers (DequantizeLinear takes integer ones "
-                 "only); --format matmulnbits keeps HQQ's fractional zero points, more accurate",
-                 name_of(o.resolved_format()));
-  if (o.algo != Algo::kAwqLearned && (o.learned_iters != 0 || o.learned_lr != 0.005))
-    spdlog::warn("--learned_iters/--learned_lr: no effect: --algo {} learns no rounding (awq_learned does)",
-                 name_of(o.algo));
+    spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ ({} do)", o.gptq_percdamp, name_of(o.algo),
+                 method_names([](const Method& m) { return m.measures.gptq; }));
+  note_zero_points(o);
+  const QuantizeOptions defaults;
+  if (!method(o.algo).learned_rounding &&
+      (o.learned_iters != defaults.learned_iters || o.learned_lr != defaults.learned_lr))
+    spdlog::warn("--learned_iters/--learned_lr: no effect: --algo {} learns no rounding ({} does)", name_of(o.algo),
+                 method_names([](const Method& m) { return m.learned_rounding; }));
   if (!o.uses_gptq() && o.gptq_act_order)
-    spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ (gptq and awq_gptq do)", name_of(o.algo));
+    spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ ({} do)", name_of(o.algo),
+                 method_names([](const Method& m) { return m.measures.gptq; }));
   if (!needs_calibration(o) && o.calib.engine == CalibrationEngine::kNative)
     spdlog::warn("--calibration_engine native: no effect: --algo {} runs no calibration", name_of(o.algo));
   if (!needs_calibration(o))
@@ -72,9 +89,8 @@ void validate_options(const QuantizeOptions& o) {
   if (!(o.awqclip_alpha_step > 0 && o.awqclip_alpha_step <= 1)) throw Error("--awqclip_alpha_step must be in (0, 1]");
   if (!(o.awqclip_alpha_min > 0 && o.awqclip_alpha_min <= 1)) throw Error("--awqclip_alpha_min must be in (0, 1]");
   if (o.awqclip_bsz_col < 1) throw Error("--awqclip_bsz_col must be at least 1");
-  if (o.algo == Algo::kRtnLsq && o.zero_point_flag)
-    throw Error("--algo rtn_lsq --use_zero_point: the least-squares scale search is symmetric only (its zero-point "
-                "form measured worse than min/max); --algo rtn_dq --use_zero_point is ONNX Runtime's asymmetric RTN");
+  if (const Method& m = method(o.algo); m.rounding.zero_point == ZeroPointPolicy::kRefused && o.zero_point_flag)
+    throw Error(std::string("--algo ") + m.name + " --use_zero_point: " + m.rounding.zero_point_why);
   if (o.awqlite_alpha_step <= 0 || o.awqlite_alpha_step > 1) throw Error("--awqlite_alpha_step must be in (0, 1]");
   if (o.calib.calib_size < 1) throw Error("--calib_size must be at least 1");
   if (o.calib.batch_size < 1) throw Error("--batch_size must be at least 1");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "host/formats.h"
 #include "host/graph/gather_plan.h"
 #include "host/graph/opset.h"
 #include "host/methods.h"
@@ -21,7 +22,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 // Opset problems must surface before any work: matmulnbits may fall back to dq for a Gemm.
 void check_opset(const OnnxModel& model, Format format) {
-  if (!GraphRewriter::format_needs_opset21(format)) return;
+  if (!format_record(format).needs_opset21) return;
   onnx::ModelProto probe;
   probe.mutable_opset_import()->CopyFrom(model.proto().opset_import());
   *probe.mutable_graph()->mutable_node() = model.proto().graph().node();

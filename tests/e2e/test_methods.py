@@ -64,3 +64,35 @@ def test_python_api_reads_the_registry(nibble, listed, monkeypatch):
     assert set(_api.calibrated_methods()) == {n for n, m in listed.items() if m["calibrates"]}
     assert _api.calibrates("gptq", {}) and not _api.calibrates("rtn_dq", {})
     assert _api.calibrates("rtn_dq", {"mixed_strategy": "sensitivity"})
+
+
+def test_json_lists_rounding_and_formats(nibble, listed):
+    assert listed["hqq"]["quantizer"] == "hqq" and listed["hqq"]["zero_point"] == "always"
+    assert listed["hqq"]["fractional_zero_points"] and listed["hqq"]["zero_point_why"]
+    assert listed["rtn_lsq"]["quantizer"] == "rtn_lsq" and listed["rtn_lsq"]["zero_point"] == "refused"
+    assert listed["awq_lite"]["quantizer"] == "rtn" and listed["awq_lite"]["zero_point"] == "optional"
+    assert [n for n, m in listed.items() if m["learned_rounding"]] == ["awq_learned"]
+    formats = {f["name"]: f for f in json.loads(nibble.run("methods", "--json").stdout)["formats"]}
+    assert list(formats) == ["dq", "qdq", "matmulnbits"]
+    assert formats["qdq"]["keeps_float_weight"] and not formats["dq"]["keeps_float_weight"]
+    assert not formats["matmulnbits"]["needs_opset21"] and formats["dq"]["needs_opset21"]
+    assert formats["matmulnbits"]["float_zero_point_bits"] == 4 and formats["dq"]["float_zero_point_bits"] == 0
+    help_text = " ".join(nibble.run("quantize", "--help").stdout.split())
+    for name, f in formats.items():
+        assert f"{name} ({f['summary']})" in help_text, name
+
+
+@pytest.mark.parametrize("algo", ["rtn_dq", "awq_lite", "rtn_lsq", "hqq", "gptq"])
+def test_zero_point_policy_is_what_the_run_says(nibble, listed, tmp_path, algo):
+    """refused: --use_zero_point is one error line with the listed reason; always: the run notes it writes zero
+    points without the flag; optional: neither (the options are checked before the model is read)."""
+    m = listed[algo]
+    args = ("quantize", "--onnx_path", str(tmp_path / "in.onnx"), "--output_path", str(tmp_path / "o.onnx"),
+            "--algo", algo)
+    with_flag = nibble.run(*args, "--use_zero_point")
+    without = nibble.run(*args)
+    refusal = f"nibble: error: --algo {algo} --use_zero_point: {m['zero_point_why']}"
+    note = f"--algo {algo}: writes UINT4/UINT8 codes with zero points ({m['zero_point_why']})"
+    assert (with_flag.stderr.strip().splitlines()[-1] == refusal) == (m["zero_point"] == "refused"), \
+        with_flag.describe()
+    assert (note in without.stderr) == (m["zero_point"] == "always"), without.describe()

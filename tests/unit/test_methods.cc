@@ -1,11 +1,14 @@
 // The method registry: one record per Algo, unique names that round-trip through the --algo parser, and
-// the facts the stages read from it (what calibrates, what ModelOpt refuses, the default format).
+// the facts the stages read from it (what calibrates, what ModelOpt refuses, the default format, how it rounds
+// and what it does with zero points).
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
+#include "host/algo/arithmetic.h"
 #include "host/methods.h"
+#include "host/run/pipeline.h"
 #include "loaders/error.h"
 
 using namespace nibble;
@@ -77,4 +80,61 @@ TEST(Methods, HelpHasEverySummary) {
   const std::string help = methods_help();
   for (const Method& m : methods())
     EXPECT_NE(help.find(std::string(m.name) + ": " + m.summary), std::string::npos) << m.name;
+}
+
+// A method's own rounding runs where no calibrated search quantizes, so only an uncalibrated method has one;
+// fractional zero points are fitted, so written always; a policy other than optional says why.
+TEST(Methods, RoundingRecordsAreConsistent) {
+  for (const Method& m : methods()) {
+    EXPECT_TRUE(m.rounding.quantizer == Quantizer::kRtn || !m.calibrates()) << m.name;
+    EXPECT_TRUE(!m.rounding.fractional_zero_points || m.rounding.zero_point == ZeroPointPolicy::kAlways) << m.name;
+    EXPECT_EQ(m.rounding.zero_point_why != nullptr, m.rounding.zero_point != ZeroPointPolicy::kOptional) << m.name;
+    EXPECT_TRUE(!m.learned_rounding || m.measures.gptq) << m.name;  // it refines GPTQ's codes
+  }
+  EXPECT_EQ(method(Algo::kHqq).rounding.quantizer, Quantizer::kHqq);
+  EXPECT_EQ(method(Algo::kRtnLsq).rounding.zero_point, ZeroPointPolicy::kRefused);
+  EXPECT_TRUE(method(Algo::kAwqLearned).learned_rounding);
+  EXPECT_EQ(method_names([](const Method& m) { return m.learned_rounding; }), "awq_learned");
+  EXPECT_EQ(method_names([](const Method& m) { return m.measures.gptq; }), "gptq, awq_gptq and awq_learned");
+}
+
+// The zero-point policy is what the options and the option check do: always written, refused with the
+// record's reason, or as --use_zero_point says.
+TEST(Methods, ZeroPointPolicyIsWhatTheRunDoes) {
+  for (const Method& m : methods()) {
+    QuantizeOptions o;
+    o.onnx_path = "in.onnx";
+    o.output_path = "out.onnx";
+    o.algo = m.algo;
+    EXPECT_EQ(o.zero_point(), m.rounding.zero_point == ZeroPointPolicy::kAlways) << m.name;
+    EXPECT_NO_THROW(validate_options(o)) << m.name;
+    o.zero_point_flag = true;
+    if (m.rounding.zero_point != ZeroPointPolicy::kRefused) {
+      EXPECT_TRUE(o.zero_point()) << m.name;
+      EXPECT_NO_THROW(validate_options(o)) << m.name;
+      continue;
+    }
+    try {
+      validate_options(o);
+      ADD_FAILURE() << m.name << " took --use_zero_point";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--algo ") + m.name + " --use_zero_point: " + m.rounding.zero_point_why);
+    }
+  }
+}
+
+// nibble mode: with a zero point every plain RTN is ONNX Runtime's; without, the record's grid (ONNX Runtime's
+// for rtn and rtn_dq only). modelopt mode: ModelOpt's always.
+TEST(Methods, RtnGridIsTheRecords) {
+  for (const Method& m : methods()) {
+    QuantizeOptions o;
+    o.algo = m.algo;
+    EXPECT_EQ(rtn_arithmetic(o, false), m.rounding.symmetric_rtn) << m.name;
+    EXPECT_EQ(rtn_arithmetic(o, true), kernels::RtnArithmetic::kOnnxRuntime) << m.name;
+    o.arithmetic = Arithmetic::kModelOpt;
+    EXPECT_EQ(rtn_arithmetic(o, false), kernels::RtnArithmetic::kModelOpt) << m.name;
+    const bool ort = m.algo == Algo::kRtn || m.algo == Algo::kRtnDq;
+    EXPECT_EQ(m.rounding.symmetric_rtn == kernels::RtnArithmetic::kOnnxRuntime, ort) << m.name;
+  }
 }

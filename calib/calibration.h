@@ -39,7 +39,7 @@ struct CalibrationOptions {
   bool use_random_calib = false;  // seeded random token ids instead of a dataset
   int threads = 0;
   bool quiet = false;
-  CalibrationEngine engine = CalibrationEngine::kAuto;
+  CalibrationEngine engine = CalibrationEngine::kOrt;
   std::string engine_fallback;  // why kAuto runs ONNX Runtime (empty where it runs the layer engine)
   // kNative: the engine, opened once per run and shared by every layer group's request (each batch's
   // forward pass goes on from where the previous group left it).

@@ -28,7 +28,7 @@ namespace {
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
   std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory,
-      gather_quantize_axis, layer_by_layer = "auto", calibration_engine = "auto";
+      gather_quantize_axis, layer_by_layer = "auto", calibration_engine = "ort";
 };
 
 // The quantize flags in three parts (the --help order): input, output and algorithm; calibration; precision,
@@ -75,8 +75,8 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
 
 void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   q.add_option("--calibration_engine", c.calibration_engine,
-               "What runs the model on the calibration data: native (nibble's own layer engine, on the CPU), "
-               "ort (ONNX Runtime in a Python process), or auto: native wherever it can run the model and the "
+               "What runs the model on the calibration data: ort (ONNX Runtime in a Python process), native "
+               "(nibble's own layer engine, on the CPU), or auto: native wherever it can run the model and the "
                "run's statistics (not --awq_mode modelopt, --calib_cache, --feed_quantized --resume), else ort")
       ->capture_default_str();
   q.add_option("--calibration_eps", o.calib.calibration_eps,

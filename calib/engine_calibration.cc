@@ -86,7 +86,7 @@ void EngineCalibration::write_feeds() {
       if (e.at("name") == kTokenMask) rows = forward::numel_of(e.at("shape").get<std::vector<int64_t>>());
     }
     if (batches_.empty() || shapes != chunk_shapes || chunk_rows + rows > kRowsPerChunk) {
-      batches_.push_back(Batch{{}, {}, {}, false});
+      batches_.push_back(Batch{});
       chunk_shapes = shapes;
       chunk_rows = 0;
     }

@@ -12,6 +12,7 @@
 #include "calib/capture_server.h"
 #include "calib/engine_statistics.h"
 #include "calib/stats_space.h"
+#include "forward/buffer_pool.h"
 #include "forward/forward_files.h"
 #include "loaders/error.h"
 #include "loaders/json_file.h"
@@ -206,6 +207,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
     }
   }
   graph_->release_weights();  // this group's weights: the next group reads others
+  forward::pool_release_idle();
   const auto tf = std::chrono::steady_clock::now();
   std::map<std::string, MeasuredActivation> measured;
   for (auto& [name, acc] : accs) {

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "forward/buffer_pool.h"
+#include "kernels/parallel.h"
 #include "kernels/quant_types.h"
 
 namespace nibble {
@@ -29,33 +30,60 @@ void ActivationAccumulator::add_rows(const float* x, int64_t rows, const int64_t
       if (counted[r]) std::copy_n(x + r * K, K, packed.data() + n++ * K);
     x = packed.data();
   }
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t k = 0; k < K; ++k) m_.sum_abs[size_t(k)] += std::fabs(x[r * K + k]);
+  kernels::parallel_for((K + kPanelColumns - 1) / kPanelColumns, [&](int64_t p) {  // each column's sum in row order
+    const int64_t k0 = p * kPanelColumns, k1 = std::min(K, k0 + kPanelColumns);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t k = k0; k < k1; ++k) m_.sum_abs[size_t(k)] += std::fabs(x[r * K + k]);
+  });
   m_.rows += n;
   for (int64_t r0 = 0; r0 < n; r0 += kRowsPerProduct) add_product(x + r0 * K, std::min(kRowsPerProduct, n - r0));
+}
+
+// The upper triangle of XᵀX in column panels of kPanelColumns, one per task: the panel's rows above its
+// diagonal block by sgemm, the block by ssyrk, each on one thread, each folded into the float64 sum by
+// the task that computed it. The panels depend only on K, so the sums do not depend on --threads.
+void ActivationAccumulator::add_whole_product(const float* X, int64_t n) {
+  const int64_t K = m_.K;
+  forward::Floats g(size_t(K * K));  // only each panel's upper part is written and read
+  kernels::parallel_for((K + kPanelColumns - 1) / kPanelColumns, [&](int64_t p) {
+    const int64_t j0 = p * kPanelColumns, w = std::min(kPanelColumns, K - j0);
+    if (j0)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(j0), int(w), int(n), 1.0f, X, int(K), X + j0, int(K), 0.0f,
+                  g.data() + j0, int(K));
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, int(w), int(n), 1.0f, X + j0, int(K), 0.0f, g.data() + j0 * K + j0,
+                int(K));
+    for (int64_t i = 0; i < j0 + w; ++i)
+      for (int64_t j = std::max(i, j0); j < j0 + w; ++j) m_.gram[size_t(i * K + j)] += g[size_t(i * K + j)];
+  });
+}
+
+// Only the diagonal blocks (awq_clip's statistics): one block per task.
+void ActivationAccumulator::add_block_products(const float* X, int64_t n) {
+  const int64_t K = m_.K, B = m_.gram_block;
+  kernels::parallel_for(kernels::num_blocks(K, B), [&](int64_t b) {
+    const int64_t w = std::min(B, K - b * B);
+    forward::Floats g(size_t(w * w));
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, int(w), int(n), 1.0f, X + b * B, int(K), 0.0f, g.data(), int(w));
+    double* dst = m_.gram.data() + b * B * B;
+    for (int64_t i = 0; i < w; ++i)
+      for (int64_t j = i; j < w; ++j) dst[i * B + j] += g[size_t(i * w + j)];
+  });
 }
 
 void ActivationAccumulator::add_product(const float* X, int64_t n) {
   const int64_t K = m_.K, B = m_.gram_block;
   const auto t0 = std::chrono::steady_clock::now();
-  if (!B) {
-    forward::Floats g(size_t(K * K));
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, int(K), int(n), 1.0f, X, int(K), 0.0f, g.data(), int(K));
-    for (int64_t i = 0; i < K; ++i)
-      for (int64_t j = i; j < K; ++j) m_.gram[size_t(i * K + j)] += g[size_t(i * K + j)];
-  } else {
-    forward::Floats g(size_t(B * B));
+  forward::use_single_threaded_blas();
+  if (B) {
+    add_block_products(X, n);
     for (int64_t b = 0; b < kernels::num_blocks(K, B); ++b) {
       const int64_t w = std::min(B, K - b * B);
-      std::fill(g.begin(), g.end(), 0.0f);
-      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, int(w), int(n), 1.0f, X + b * B, int(K), 0.0f, g.data(), int(B));
-      double* dst = m_.gram.data() + b * B * B;
-      for (int64_t i = 0; i < w; ++i)
-        for (int64_t j = i; j < w; ++j) dst[i * B + j] += g[size_t(i * B + j)];
       products_.flop += double(n) * double(w) * double(w + 1);
     }
+  } else {
+    add_whole_product(X, n);
+    products_.flop += double(n) * double(K) * double(K + 1);
   }
-  if (!B) products_.flop += double(n) * double(K) * double(K + 1);
   products_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -1,6 +1,6 @@
 // One activation's statistics folded in batch by batch (the layer engine's calibration): the counted rows,
-// Σ|x| per channel in float64, and XᵀX by ssyrk in float32, one product per batch run's rows (up to
-// kRowsPerProduct at a time), each added into float64 (calib/README.md's definition for ONNX Runtime's
+// Σ|x| per channel in float64, and XᵀX in float32, one product per batch run's rows (up to
+// kRowsPerProduct at a time; in fixed column panels over the worker threads), each added into float64 (calib/README.md's definition for ONNX Runtime's
 // path, which takes 256 rows per product); whole, or only its diagonal blocks. The rows are read where
 // they are: nothing is copied but a masked run's counted rows.
 #pragma once
@@ -26,7 +26,10 @@ class ActivationAccumulator {
  private:
   MeasuredActivation m_;
   forward::ProductMeter products_;
+  static constexpr int64_t kPanelColumns = 128;
   void add_product(const float* X, int64_t n);
+  void add_whole_product(const float* X, int64_t n);
+  void add_block_products(const float* X, int64_t n);
 };
 
 }  // namespace nibble

@@ -74,6 +74,14 @@ void pool_free(void* p, size_t bytes) noexcept {
   P.idle_bytes += size;
 }
 
+void pool_release_idle() noexcept {
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  for (const auto& [size, p] : P.idle) ::munmap(p, size);
+  P.idle.clear();
+  P.idle_bytes = 0;
+}
+
 size_t pool_idle_bytes() {
   Pool& P = pool();
   std::lock_guard<std::mutex> lock(P.mu);

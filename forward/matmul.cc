@@ -4,8 +4,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 
+#include "kernels/parallel.h"
 #include "loaders/error.h"
 
 namespace nibble::forward {
@@ -19,17 +21,50 @@ void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, 
     }
 }
 
+void use_single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
 void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
   if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw Error("forward: a product too large for 32-bit BLAS indices");
   if (M == 0 || N == 0) return;
+  use_single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f, A,
               int(K), B, b_transposed ? int(K) : int(N), 0.0f, C, int(N));
+}
+
+int64_t panel_rows(int64_t M) {
+  // A panel of fewer than 256 rows loses a tenth of sgemm's rate to packing B again (bench/sgemm_rate.py
+  // --panels): four panels of a joined run of 1024 tokens.
+  const int64_t quarter = (M + 3) / 4;
+  return std::clamp<int64_t>((quarter + 63) / 64 * 64, 64, 512);
+}
+
+int64_t panel_columns(int64_t N) { return N <= 2048 ? N : 1024; }
+
+void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
+  const int64_t rows = panel_rows(M), cols = panel_columns(N);
+  const int64_t row_panels = (M + rows - 1) / rows, col_panels = (N + cols - 1) / cols;
+  if (row_panels * col_panels <= 1) return matmul_blas(A, B, C, M, K, N, b_transposed);
+  use_single_threaded_blas();  // before any worker calls it
+  if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw Error("forward: a product too large for 32-bit BLAS indices");
+  kernels::parallel_for(row_panels * col_panels, [&](int64_t p) {
+    const int64_t m0 = p / col_panels * rows, n0 = p % col_panels * cols;
+    const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(K), 1.0f,
+                A + m0 * K, int(K), b_transposed ? B + n0 * K : B + n0, b_transposed ? int(K) : int(N), 0.0f,
+                C + m0 * N + n0, int(N));
+  });
 }
 
 void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
                     bool b_transposed) {
   const auto t0 = std::chrono::steady_clock::now();
-  matmul_blas(A, B, C, M, K, N, b_transposed);
+  matmul_parallel(A, B, C, M, K, N, b_transposed);
   if (!meter) return;
   meter->flop += 2.0 * double(M) * double(K) * double(N);
   meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

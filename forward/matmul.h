@@ -1,7 +1,14 @@
 // C[M, N] = A[M, K] · op(B) in float32, row-major, B [K, N] (or [N, K] when b_transposed): the one dense
 // product of the engine. matmul_ref is the definition (each output a float32 sum in k order);
-// matmul_blas is OpenBLAS's sgemm, the same products summed in its own order (tests/unit/test_forward.cc
-// bounds the difference).
+// matmul_blas is OpenBLAS's sgemm on the calling thread, the same products summed in its own order
+// (tests/unit/test_forward.cc bounds the difference); matmul_parallel is matmul_blas over fixed panels on
+// the worker threads.
+//
+// Why nibble's threads and not OpenBLAS's: OpenBLAS's idle workers spin between products while nibble's
+// threads run the element-wise operators (a quarter of a pass's samples, measured), and the CPU backend's
+// search makes OpenBLAS single-threaded anyway (its bits must not depend on the thread count), which left
+// every product after the first search on one core. The engine therefore keeps OpenBLAS on one thread too
+// and cuts each product itself.
 #pragma once
 #include <cstdint>
 
@@ -10,11 +17,21 @@ namespace nibble::forward {
 void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 
+// The panels of matmul_parallel: rows of C (M / 4 rounded up to 64, within 64 to 512) by columns (all of
+// them up to 2048, else 1024), a function of the shape alone, so the panels, and with them every output's
+// bits, never depend on --threads.
+int64_t panel_rows(int64_t M);
+int64_t panel_columns(int64_t N);
+void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
+
+// OpenBLAS on one thread (the caller's), for the whole process; idempotent.
+void use_single_threaded_blas();
+
 // The products a run computes, for the report's arithmetic rate: FLOPs (2·M·K·N each) and wall seconds.
 struct ProductMeter {
   double flop = 0.0, seconds = 0.0;
 };
-// matmul_blas, counted in `meter` where it is non-null.
+// matmul_parallel, counted in `meter` where it is non-null.
 void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
                     bool b_transposed);
 

@@ -7,6 +7,7 @@
 // Per ONNX Runtime's CPU kernel: rotated q and k are rounded to the value's type; scores, softmax and the
 // context are float32 (two sgemm products per key/value head), the context rounded once. A query row past its sequence's length (right padding)
 // attends to the sequence's keys only (ONNX Runtime's CPU kernel leaves those rows undefined).
+#include <chrono>
 #include <cmath>
 
 #include "forward/broadcast.h"
@@ -105,17 +106,16 @@ void softmax_row(const Gqa& g, float* row, int64_t s, int64_t keys) {
 // One (batch, kv head) and the query heads that share it: scores for all of them in one product
 // ([heads · S, D] · Kᵀ), the causal (windowed, capped) softmax per row, the context in a second product
 // ([heads · S, S] · V), written into out ([B, S, Hq·D]).
-void attend_group(const Gqa& g, const Heads& h, int64_t b, int64_t kv, int64_t keys, Floats& out, ProductMeter* meter) {
+// One thread's work: the products on the calling thread (the groups run side by side).
+void attend_group(const Gqa& g, const Heads& h, int64_t b, int64_t kv, int64_t keys, Floats& out) {
   const int64_t group = g.Hq / g.Hkv, S = g.S, D = g.D;
   const float* q = h.q.data() + (b * g.Hq + kv * group) * S * D;  // the group's heads are adjacent
   const float* k = h.k.data() + (b * g.Hkv + kv) * S * D;
   const float* v = h.v.data() + (b * g.Hkv + kv) * S * D;
   Floats p(static_cast<size_t>(group * S * S)), ctx(static_cast<size_t>(group * S * D));
-  matmul_counted(meter, q, k, p.data(), group * S, D, S, /*b_transposed=*/true);
-  kernels::parallel_for((group * S + 63) / 64, [&](int64_t chunk) {
-    for (int64_t r = chunk * 64; r < std::min(group * S, chunk * 64 + 64); ++r) softmax_row(g, p.data() + r * S, r % S, keys);
-  });
-  matmul_counted(meter, p.data(), v, ctx.data(), group * S, S, D, false);
+  matmul_blas(q, k, p.data(), group * S, D, S, /*b_transposed=*/true);
+  for (int64_t r = 0; r < group * S; ++r) softmax_row(g, p.data() + r * S, r % S, keys);
+  matmul_blas(p.data(), v, ctx.data(), group * S, S, D, false);
   for (int64_t hl = 0; hl < group; ++hl)
     for (int64_t s = 0; s < S; ++s)
       std::copy_n(ctx.data() + (hl * S + s) * D, D, out.data() + ((b * S + s) * g.Hq + kv * group + hl) * D);
@@ -160,8 +160,15 @@ std::vector<Value> group_query_attention(const OpCall& c) {
   if (total.size() != 1 || total[0] != g.S) c.fail("total_sequence_length must equal the sequence length (a prompt)");
   Heads h = split_heads(c, g, t);
   Floats out(static_cast<size_t>(g.B * g.S * g.Hq * g.D));
-  for (int64_t b = 0; b < g.B; ++b)  // the products use BLAS's threads
-    for (int64_t kv = 0; kv < g.Hkv; ++kv) attend_group(g, h, b, kv, std::min(g.S, seqlens[size_t(b)] + 1), out, c.meter);
+  const auto t0 = std::chrono::steady_clock::now();
+  kernels::parallel_for(g.B * g.Hkv, [&](int64_t i) {
+    const int64_t b = i / g.Hkv;
+    attend_group(g, h, b, i % g.Hkv, std::min(g.S, seqlens[size_t(b)] + 1), out);
+  });
+  if (c.meter) {  // the two products of every group; the seconds are the groups' wall time, softmax included
+    c.meter->flop += 4.0 * double(g.B * g.Hq) * double(g.S) * double(g.S) * double(g.D);
+    c.meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   return {from_floats(t, {g.B, g.S, g.Hq * g.D}, std::move(out)), from_floats(t, {g.B, g.Hkv, g.S, g.D}, std::move(h.k)),
           from_floats(t, {g.B, g.Hkv, g.S, g.D}, std::move(h.v))};
 }

@@ -1,5 +1,8 @@
 // MatMul (numpy's batched product, leading axes broadcast) and Gemm, in float32 through matmul_blas;
 // fp16/bf16 operands are widened first and the result rounded once to their type.
+#include <array>
+#include <chrono>
+
 #include "forward/broadcast.h"
 #include "forward/matmul.h"
 #include "forward/op_table.h"
@@ -41,9 +44,21 @@ std::vector<Value> matmul(const OpCall& c) {
   shape.push_back(M);
   shape.push_back(N);
   Floats out(static_cast<size_t>(numel_of(shape)));
-  for_each_broadcast(batch, strides, [&](int64_t i, int64_t ia, int64_t ib) {
-    matmul_counted(c.meter, A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false);
+  std::vector<std::array<int64_t, 2>> operands;  // each product's A and B, side by side on the worker threads
+  for_each_broadcast(batch, strides, [&](int64_t, int64_t ia, int64_t ib) { operands.push_back({ia, ib}); });
+  if (operands.size() == 1) {
+    matmul_counted(c.meter, A + operands[0][0] * M * K, B + operands[0][1] * K * N, out.data(), M, K, N, false);
+    return {c.result(a.dtype, shape, std::move(out))};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  kernels::parallel_for(int64_t(operands.size()), [&](int64_t i) {
+    const auto [ia, ib] = operands[size_t(i)];
+    matmul_blas(A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false);
   });
+  if (c.meter) {
+    c.meter->flop += 2.0 * double(operands.size()) * double(M) * double(K) * double(N);
+    c.meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   return {c.result(a.dtype, shape, std::move(out))};
 }
 

@@ -10,6 +10,7 @@
 #include "forward/broadcast.h"
 #include "forward/buffer_pool.h"
 #include "forward/matmul.h"
+#include "kernels/parallel.h"
 #include "forward/op_call.h"
 #include "forward/value.h"
 
@@ -40,6 +41,38 @@ TEST(ForwardMatmul, BlasEqualsTheReferenceWithinSummationError) {
         for (int64_t k = 0; k < K; ++k) mag += std::fabs(A[size_t(m * K + k)] * (bt ? B[size_t(n * K + k)] : B[size_t(k * N + n)]));
         const size_t i = size_t(m * N + n);
         EXPECT_LE(std::fabs(double(ref[i]) - fast[i]), double(K) * 6e-8 * mag) << m << "," << n << " transposed " << bt;
+      }
+  }
+}
+
+TEST(ForwardMatmul, ParallelPanelsAreFixedByTheShapeAndFollowTheReference) {
+  EXPECT_EQ(panel_rows(40), 64);
+  EXPECT_EQ(panel_rows(1024), 256);  // four panels of a joined batch run
+  EXPECT_EQ(panel_rows(100000), 512);
+  EXPECT_EQ(panel_columns(1536), 1536);
+  EXPECT_EQ(panel_columns(11008), 1024);
+  struct Case {
+    int64_t M, K, N;
+    bool bt;
+  };
+  // four row panels of 192 rows, the last one short; then three column panels of 1024, B transposed
+  for (const Case& t : {Case{700, 91, 53, false}, Case{70, 8, 2100, true}}) {
+    const auto A = random_floats(size_t(t.M * t.K), 4), B = random_floats(size_t(t.K * t.N), 5);
+    std::vector<float> ref(size_t(t.M * t.N)), one(ref.size()), three(ref.size());
+    matmul_ref(A.data(), B.data(), ref.data(), t.M, t.K, t.N, t.bt);
+    kernels::set_num_threads(1);
+    matmul_parallel(A.data(), B.data(), one.data(), t.M, t.K, t.N, t.bt);
+    kernels::set_num_threads(3);
+    matmul_parallel(A.data(), B.data(), three.data(), t.M, t.K, t.N, t.bt);
+    kernels::set_num_threads(0);
+    EXPECT_EQ(one, three);  // the same panels whatever the thread count
+    for (int64_t m = 0; m < t.M; ++m)
+      for (int64_t n = 0; n < t.N; ++n) {
+        double mag = 0.0;
+        for (int64_t k = 0; k < t.K; ++k)
+          mag += std::fabs(A[size_t(m * t.K + k)] * (t.bt ? B[size_t(n * t.K + k)] : B[size_t(k * t.N + n)]));
+        const size_t i = size_t(m * t.N + n);
+        EXPECT_LE(std::fabs(double(ref[i]) - one[i]), double(t.K) * 6e-8 * mag) << m << "," << n;
       }
   }
 }
@@ -104,6 +137,8 @@ TEST(ForwardBufferPool, ReusesFreedBuffersBySizeWithinItsCap) {
   for (void* p : many) pool_free(p, big);
   EXPECT_LE(pool_idle_bytes(), kIdleBytes);
   pool_free(b, big);
+  pool_release_idle();
+  EXPECT_EQ(pool_idle_bytes(), 0u);
 }
 
 // Row ranges over the worker threads visit what the sequential walk visits, with the same offsets.
@@ -153,10 +188,35 @@ TEST(EngineStatistics, GramAndAbsSumsFollowTheirDefinitionOverCountedRows) {
           mag += std::fabs(double(x[size_t(r * K + i)]) * x[size_t(r * K + j)]);
         }
       EXPECT_NEAR(m.gram[size_t(i * K + j)], g, 1e-6 * mag) << i << "," << j;  // float32 products, float64 sums
-      if (i / 16 == j / 16)  // the diagonal blocks hold the same sums
+      if (i / 16 == j / 16) {  // the diagonal blocks hold the same sums
         EXPECT_EQ(b.gram[size_t((i / 16) * 256 + (i % 16) * 16 + j % 16)], m.gram[size_t(i * K + j)]) << i << "," << j;
+      }
     }
   }
+}
+
+TEST(EngineStatistics, GramPanelsFollowTheDefinitionAtAnyThreadCount) {
+  const int64_t K = 300, rows = 700;  // three column panels (128, 128, 44)
+  const auto x = random_floats(size_t(rows * K), 11);
+  MeasuredActivation got[2];
+  for (int t : {1, 3}) {
+    kernels::set_num_threads(t);
+    ActivationAccumulator acc(K, 0);
+    acc.add_rows(x.data(), rows, nullptr);
+    got[t == 3] = acc.finish();
+  }
+  kernels::set_num_threads(0);
+  EXPECT_EQ(got[0].gram, got[1].gram);
+  EXPECT_EQ(got[0].sum_abs, got[1].sum_abs);
+  for (int64_t i = 0; i < K; i += 7)
+    for (int64_t j = 0; j < K; ++j) {
+      double g = 0.0, mag = 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        g += double(x[size_t(r * K + i)]) * x[size_t(r * K + j)];
+        mag += std::fabs(double(x[size_t(r * K + i)]) * x[size_t(r * K + j)]);
+      }
+      EXPECT_NEAR(got[0].gram[size_t(i * K + j)], g, double(rows) * 6e-8 * mag) << i << "," << j;
+    }
 }
 
 }  // namespace

@@ -323,6 +323,18 @@ void Calibration::advance(const CalibrationOptions& o, const std::string& model_
   fs::remove_all(dir, ec);
 }
 
+void unpack_gram(MeasuredActivation& m) {
+  if (!m.packed) return;
+  const int64_t K = m.K;
+  std::vector<double> whole(size_t(K * K));
+  for (int64_t i = 0; i < K; ++i) {
+    const double* row = m.gram.data() + packed_row(i, K) - i;  // row[j] is (i, j) for j >= i
+    for (int64_t j = i; j < K; ++j) whole[size_t(i * K + j)] = whole[size_t(j * K + i)] = row[j];
+  }
+  m.gram = std::move(whole);
+  m.packed = false;
+}
+
 std::unique_ptr<Calibration> Calibration::from_measured(std::map<std::string, MeasuredActivation> measured,
                                                         int64_t tokens) {
   std::unique_ptr<Calibration> c(new Calibration());
@@ -332,7 +344,7 @@ std::unique_ptr<Calibration> Calibration::from_measured(std::map<std::string, Me
     e.K = m.K;
     e.rows = m.rows;
     e.gram_block = m.gram_block;
-    e.measured = std::make_shared<const MeasuredActivation>(std::move(m));
+    e.measured = std::make_shared<MeasuredActivation>(std::move(m));
     c->entries_[name] = std::move(e);
   }
   return c;
@@ -393,7 +405,10 @@ const MappedFile& Calibration::gram_map(const Entry& e) {
 const double* Calibration::gram_as_kept(const std::string& activation, int64_t K, int64_t* block) {
   const Entry& e = entry(activation, K);
   *block = e.gram_block;
-  if (e.measured) return e.measured->gram.data();
+  if (e.measured) {
+    unpack_gram(*e.measured);
+    return e.measured->gram.data();
+  }
   return reinterpret_cast<const double*>(gram_map(e).data());
 }
 
@@ -423,7 +438,10 @@ const float* Calibration::token_sample(const std::string& activation, int64_t K,
 std::vector<float> Calibration::gram_f32(const std::string& activation) {
   const Entry& e = entries_.at(activation);
   if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
-  if (e.measured) return std::vector<float>(e.measured->gram.begin(), e.measured->gram.end());
+  if (e.measured) {
+    unpack_gram(*e.measured);
+    return std::vector<float>(e.measured->gram.begin(), e.measured->gram.end());
+  }
   const MappedFile& gram = gram_map(e);
   const double* g = reinterpret_cast<const double*>(gram.data());
   std::vector<float> out(gram.size() / 8);
@@ -442,6 +460,7 @@ ActivationStats Calibration::stats(const std::string& activation, bool numpy_mea
     if (numpy_mean)
       throw Error("the layer engine keeps no numpy mean of activation '" + activation +
                   "' (ModelOpt's statistics come from ONNX Runtime: --calibration_engine ort)");
+    unpack_gram(*e.measured);
     s.gram = e.measured->gram.data();
     e.x_mean.resize(size_t(e.K));
     for (int64_t k = 0; k < e.K; ++k)

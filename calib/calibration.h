@@ -76,10 +76,18 @@ struct CalibrationExtras {
 
 // What the layer engine measured for one activation, held in memory (no file): the counted rows, Σ|x| per
 // channel (float64) and XᵀX (each batch's product in float32, summed in float64), whole or its diagonal blocks.
+// A whole XᵀX is kept as its upper triangle, row after row (K(K+1)/2 values: `packed`), until the search
+// first reads it: layer by layer, the next group is measured while this one is searched, and its Grams
+// (1.37 GB of float64 per 7B layer when whole) wait at half the size.
 struct MeasuredActivation {
   int64_t K = 0, rows = 0, gram_block = 0;
   std::vector<double> gram, sum_abs;
+  bool packed = false;
 };
+// The offset of row i's first kept element (i, i) in a packed upper triangle of order K.
+inline int64_t packed_row(int64_t i, int64_t K) { return i * (2 * K - i + 1) / 2; }
+// A packed XᵀX unfolded into the whole K x K matrix (both triangles), in place; nothing where it is whole.
+void unpack_gram(MeasuredActivation& m);
 
 class Calibration {
  public:
@@ -134,7 +142,7 @@ class Calibration {
     int64_t token_sample_rows = 0;
     std::string mean_np, sum_abs, gram, token_sample;
     std::vector<float> x_mean;  // derived, owned
-    std::shared_ptr<const MeasuredActivation> measured;  // in memory instead of the files above
+    std::shared_ptr<MeasuredActivation> measured;  // in memory instead of the files above (unpacked at first use)
   };
   std::string dir_;
   bool owned_dir_ = false;

@@ -16,7 +16,9 @@ ActivationAccumulator::ActivationAccumulator(int64_t K, int64_t gram_block) {
   m_.K = K;
   m_.gram_block = gram_block;
   m_.sum_abs.assign(size_t(K), 0.0);
-  m_.gram.assign(gram_block ? size_t(kernels::num_blocks(K, gram_block) * gram_block * gram_block) : size_t(K * K), 0.0);
+  m_.packed = gram_block == 0;
+  m_.gram.assign(gram_block ? size_t(kernels::num_blocks(K, gram_block) * gram_block * gram_block)
+                            : size_t(packed_row(K, K)), 0.0);
 }
 
 void ActivationAccumulator::add_rows(const float* x, int64_t rows, const int64_t* counted) {
@@ -40,20 +42,24 @@ void ActivationAccumulator::add_rows(const float* x, int64_t rows, const int64_t
 }
 
 // The upper triangle of XᵀX in column panels of kPanelColumns, one per task: the panel's rows above its
-// diagonal block by sgemm, the block by ssyrk, each on one thread, each folded into the float64 sum by
-// the task that computed it. The panels depend only on K, so the sums do not depend on --threads.
+// diagonal block by sgemm, the block by ssyrk, each on one thread into the task's own float32 buffer
+// (rows 0..j0 + w of the panel's w columns: never a whole K x K copy, 485 MB for K = 11008), then folded
+// into the float64 sum by the same task. The panels depend only on K, so the sums do not depend on
+// --threads.
 void ActivationAccumulator::add_whole_product(const float* X, int64_t n) {
   const int64_t K = m_.K;
-  forward::Floats g(size_t(K * K));  // only each panel's upper part is written and read
   kernels::parallel_for((K + kPanelColumns - 1) / kPanelColumns, [&](int64_t p) {
     const int64_t j0 = p * kPanelColumns, w = std::min(kPanelColumns, K - j0);
+    forward::Floats g(size_t((j0 + w) * w));  // [j0 + w, w]: only its upper part is written and read
     if (j0)
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(j0), int(w), int(n), 1.0f, X, int(K), X + j0, int(K), 0.0f,
-                  g.data() + j0, int(K));
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, int(w), int(n), 1.0f, X + j0, int(K), 0.0f, g.data() + j0 * K + j0,
-                int(K));
-    for (int64_t i = 0; i < j0 + w; ++i)
-      for (int64_t j = std::max(i, j0); j < j0 + w; ++j) m_.gram[size_t(i * K + j)] += g[size_t(i * K + j)];
+                  g.data(), int(w));
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, int(w), int(n), 1.0f, X + j0, int(K), 0.0f, g.data() + j0 * w,
+                int(w));
+    for (int64_t i = 0; i < j0 + w; ++i) {
+      double* row = m_.gram.data() + packed_row(i, K) - i;  // row[j] is (i, j) for j >= i
+      for (int64_t j = std::max(i, j0); j < j0 + w; ++j) row[j] += g[size_t(i * w + j - j0)];
+    }
   });
 }
 
@@ -89,11 +95,10 @@ void ActivationAccumulator::add_product(const float* X, int64_t n) {
 
 MeasuredActivation ActivationAccumulator::finish() {
   const int64_t K = m_.K, B = m_.gram_block;
-  const int64_t n = B ? B : K, count = B ? kernels::num_blocks(K, B) : 1;
-  for (int64_t b = 0; b < count; ++b) {
-    double* g = m_.gram.data() + b * n * n;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < i; ++j) g[i * n + j] = g[j * n + i];
+  for (int64_t b = 0; B && b < kernels::num_blocks(K, B); ++b) {  // a whole XᵀX stays packed (unpack_gram)
+    double* g = m_.gram.data() + b * B * B;
+    for (int64_t i = 0; i < B; ++i)
+      for (int64_t j = 0; j < i; ++j) g[i * B + j] = g[j * B + i];
   }
   return std::move(m_);
 }

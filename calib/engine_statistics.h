@@ -18,7 +18,7 @@ class ActivationAccumulator {
   ActivationAccumulator(int64_t K, int64_t gram_block);
   // Adds the rows of x ([rows, K] float32, row-major) whose `counted` flag is set (all when null).
   void add_rows(const float* x, int64_t rows, const int64_t* counted);
-  // The statistics, XᵀX complete (both triangles).
+  // The statistics: diagonal blocks complete (both triangles), a whole XᵀX packed (unpack_gram).
   MeasuredActivation finish();
   // The ssyrk products so far: FLOPs (n·K·(K+1) each, the triangle computed) and seconds.
   const forward::ProductMeter& products() const { return products_; }

@@ -65,8 +65,10 @@ class GraphRun {
   OnnxModel& model_;
   // Initializers as the operators read them, made once (until release_weights): float32 weights are views of
   // the map; fp16/bf16 ones are widened to float32 once (wide values: the products read them in place)
-  // while the widened copies stay under kWidenedBudget bytes, else handed over as views.
-  static constexpr size_t kWidenedBudget = size_t(1) << 30;
+  // while the widened copies stay under kWidenedBudget bytes, else handed over as views (widened by each
+  // product that reads them, one at a time). 256 MiB: a 7B layer's attention weights; its MLP's (540 MB
+  // more) would sit beside the search's Grams for a few seconds saved per layer.
+  static constexpr size_t kWidenedBudget = size_t(256) << 20;
   std::map<std::string, Value> initializers_;
   size_t widened_bytes_ = 0;
   std::vector<std::shared_ptr<TensorView>> views_;

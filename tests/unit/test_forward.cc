@@ -170,7 +170,13 @@ TEST(EngineStatistics, GramAndAbsSumsFollowTheirDefinitionOverCountedRows) {
     acc->add_rows(x.data(), 400, counted.data());
     acc->add_rows(x.data() + 400 * K, rows - 400, counted.data() + 400);
   }
-  const MeasuredActivation m = whole.finish(), b = blocks.finish();
+  MeasuredActivation m = whole.finish();
+  const MeasuredActivation b = blocks.finish();
+  EXPECT_TRUE(m.packed);  // the upper triangle only, until the search reads it
+  EXPECT_EQ(m.gram.size(), size_t(K * (K + 1) / 2));
+  EXPECT_FALSE(b.packed);
+  unpack_gram(m);
+  EXPECT_FALSE(m.packed);
   int64_t n = 0;
   for (int64_t c : counted) n += c;
   EXPECT_EQ(m.rows, n);
@@ -204,6 +210,7 @@ TEST(EngineStatistics, GramPanelsFollowTheDefinitionAtAnyThreadCount) {
     ActivationAccumulator acc(K, 0);
     acc.add_rows(x.data(), rows, nullptr);
     got[t == 3] = acc.finish();
+    unpack_gram(got[t == 3]);
   }
   kernels::set_num_threads(0);
   EXPECT_EQ(got[0].gram, got[1].gram);

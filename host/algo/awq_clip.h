@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "host/algo/awq.h"
+#include "host/algo/calibrated_quantizer.h"
 #include "calib/calibration.h"
 #include "host/options.h"
 #include "host/graph/plan.h"
@@ -27,14 +28,7 @@ std::vector<double> clip_ratio_grid(double step, double alpha_min);
 Calibration::Extras clip_calibration(const QuantizeOptions& o, const Plan& plan);
 
 // A clip search: quantizes each weight with the clip ratios it searched (make_clip_search picks one).
-class ClipSearch {
- public:
-  virtual ~ClipSearch() = default;
-  // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_full) into q. awq_scale: the
-  // s that W was multiplied by, or null.
-  virtual void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
-                        const std::vector<float>* awq_scale, kernels::QuantResult& q) = 0;
-};
+class ClipSearch : public CalibratedQuantizer {};
 
 // nibble's: each weight searched on the Gram matrix while it is quantized.
 class GramClipSearch : public ClipSearch {

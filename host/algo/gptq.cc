@@ -41,8 +41,8 @@ void GptqQuantizer::quantize(const PlannedWeight& pw, const kernels::WeightMatri
     inv_ = awq_scale ? inv : std::vector<float>{};
     activation_ = pw.activation;
     scale_ = scale;
-    factor_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::debug("gptq: factor of {} (K = {}), dampening {:.4g}", pw.activation, pw.K(), factor_.damp);
+    spdlog::debug("gptq: factor of {} (K = {}), dampening {:.4g}, {:.3f} s", pw.activation, pw.K(), factor_.damp,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (learned_) q.keep = false;  // its codes come back to be learned
   backend_.gptq_quantize(w, spec, factor_, opt_, q);

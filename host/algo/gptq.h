@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "calib/calibration.h"
+#include "host/algo/calibrated_quantizer.h"
 #include "host/graph/plan.h"
 #include "host/options.h"
 #include "kernels/backend.h"
@@ -21,16 +22,14 @@ namespace nibble {
 // most of them for a few more forward passes (cheap next to the GPTQ sweep).
 constexpr int64_t kGptqCalibrationBudgetMb = 256;
 
-class GptqQuantizer {
+class GptqQuantizer : public CalibratedQuantizer {
  public:
   GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
 
   // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_gptq; awq_scale: that s) into q;
   // for awq_learned, its rounding is then learned (host/algo/learned_rounding.h).
   void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
-                const std::vector<float>* awq_scale, kernels::QuantResult& q);
-
-  double factor_seconds() const { return factor_seconds_; }
+                const std::vector<float>* awq_scale, kernels::QuantResult& q) override;
 
  private:
   // awq_learned: the Gram matrix of the current activation stays until the next one's (each weight's
@@ -47,7 +46,6 @@ class GptqQuantizer {
   std::string activation_;
   std::vector<float> scale_;
   kernels::GptqFactor factor_;
-  double factor_seconds_ = 0;
 };
 
 }  // namespace nibble

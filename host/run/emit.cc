@@ -123,10 +123,8 @@ kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw,
   kernels::QuantResult q;
   q.keep = p.keep_result;
   if (searched.replay) return placeholder(pw, p.spec, float_zero_point);
-  if (searched.gptq) {
-    searched.gptq->quantize(pw, p.w, p.spec, s, q);
-  } else if (o.searches_clip()) {
-    searched.clipper->quantize(pw, p.w, p.spec, s, q);
+  if (searched.quantizer) {
+    searched.quantizer->quantize(pw, p.w, p.spec, s, q);
   } else if (!round_own(o, pw, p, float_zero_point, backend, q)) {
     if (s) quantize_awq_scaled(o, pw, p.w, p.spec, *s, *searched.calib, backend, q);
     else backend.rtn(p.w, p.spec, q);
@@ -211,7 +209,7 @@ bool emit_shared(const PlannedWeight& pw, const std::map<std::string, std::vecto
 bool read_as_stored(const QuantizeOptions& o, const PlannedWeight& pw, const Searched& searched,
                     const std::map<std::string, std::vector<float>>& scales,
                     const std::map<std::string, std::vector<float>>& column_divisors) {
-  return !searched.replay && !searched.gptq && !o.searches_clip() && method(o.algo).rounding.reads_ahead &&
+  return !searched.replay && !searched.quantizer && method(o.algo).rounding.reads_ahead &&
          !scales.count(pw.weight) && !column_divisors.count(pw.weight);
 }
 
@@ -341,7 +339,7 @@ void write(EmitContext& c, const PlannedWeight& pw, Job& j, Emitted& e, Progress
   // weight they were computed from, by the same arithmetic: for GPTQ's codes, those of W ⊙ s (AWQ) or
   // of W with divided columns, and the clip search's (an fp16 block's quotient is rounded to fp16, ONNX
   // Runtime's is not), the stored weight is s·(q − z) itself (exact: see kernels/cpu/dequant_ref.h).
-  const bool transformed = c.searched.gptq || j.scale || j.divisor || c.o.searches_clip();
+  const bool transformed = c.searched.quantizer || j.scale || j.divisor;
   std::vector<uint8_t> qdq_float;
   if (transformed && format_record(c.planned.format).keeps_float_weight) qdq_float = c.backend.dequantize(j.p.w, j.p.spec, j.q, pw.dtype);
   const Format used = c.rewriter.emit(pw, j.p.spec, j.q, &bytes, qdq_float.empty() ? nullptr : &qdq_float);

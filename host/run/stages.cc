@@ -118,10 +118,10 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
                             &planned.mixed, &s.kept);
   if (clip) {
     const auto tk = std::chrono::steady_clock::now();
-    s.clipper = make_clip_search(o, *s.calib, backend, model, plan, awq ? &s.per_node : nullptr);
+    s.quantizer = make_clip_search(o, *s.calib, backend, model, plan, awq ? &s.per_node : nullptr);
     spdlog::info("clip search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(tk));
   }
-  if (o.uses_gptq()) s.gptq = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
+  if (o.uses_gptq()) s.quantizer = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
   s.search_seconds = seconds_since(ts);
 }
 

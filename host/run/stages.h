@@ -50,8 +50,9 @@ struct Searched {
   std::unique_ptr<Calibration> calib;
   std::map<std::string, AwqChoice> choices;  // AWQ scale per weight (awq_lite, awq_full)
   std::map<std::string, AwqChoice> per_node;  // awq_full in modelopt mode: each node's own s*
-  std::unique_ptr<ClipSearch> clipper;        // awq_clip, awq_full
-  std::unique_ptr<GptqQuantizer> gptq;        // gptq, awq_gptq
+  // The method's quantizer made from the statistics (the clip search of awq_clip and awq_full, GPTQ of
+  // gptq, awq_gptq and awq_learned), where it has one: it quantizes every weight emit would round.
+  std::unique_ptr<CalibratedQuantizer> quantizer;
   KeptWeights kept;  // weights the searches left on a device backend for the quantizer
   double calibrate_seconds = 0, search_seconds = 0;
   // Resuming a layer-by-layer run: the weights are laid out again (the writer replays what the stopped

@@ -1,0 +1,21 @@
+// A method's quantizer made from the calibration's statistics (GPTQ, the clip searches, and any new kind):
+// the search stage makes one (search_calibrated in host/run/stages.cc) and emit asks it for every weight
+// it quantizes. A new kind derives from this class: neither the stage's types nor emit change.
+#pragma once
+#include <vector>
+
+#include "host/graph/plan.h"
+#include "kernels/quant_types.h"
+
+namespace nibble {
+
+class CalibratedQuantizer {
+ public:
+  virtual ~CalibratedQuantizer() = default;
+  // Quantizes the weight the pipeline prepared (W, or W ⊙ s where the method searched AWQ scales;
+  // awq_scale: that s, or null) into q.
+  virtual void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
+                        const std::vector<float>* awq_scale, kernels::QuantResult& q) = 0;
+};
+
+}  // namespace nibble

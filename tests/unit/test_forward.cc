@@ -3,7 +3,9 @@
 // values (wide results of float32 operators, rounded where an fp16 operator reads them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "calib/engine_statistics.h"
@@ -224,6 +226,31 @@ TEST(EngineStatistics, GramPanelsFollowTheDefinitionAtAnyThreadCount) {
       }
       EXPECT_NEAR(got[0].gram[size_t(i * K + j)], g, double(rows) * 6e-8 * mag) << i << "," << j;
     }
+}
+
+// The search reads a packed XᵀX through Calibration as the whole matrix, whichever accessor it uses.
+TEST(EngineStatistics, CalibrationServesAPackedGramWhole) {
+  const int64_t K = 150, rows = 90;
+  const auto x = random_floats(size_t(rows * K), 12);
+  std::map<std::string, MeasuredActivation> measured;
+  for (const char* name : {"a", "b"}) {
+    ActivationAccumulator acc(K, 0);
+    acc.add_rows(x.data(), rows, nullptr);
+    measured[name] = acc.finish();
+  }
+  ActivationAccumulator acc(K, 0);
+  acc.add_rows(x.data(), rows, nullptr);
+  MeasuredActivation whole = acc.finish();
+  unpack_gram(whole);
+  auto calib = Calibration::from_measured(std::move(measured), rows);
+  const ActivationStats st = calib->stats("a", false);
+  EXPECT_EQ(st.rows, rows);
+  EXPECT_TRUE(std::equal(whole.gram.begin(), whole.gram.end(), st.gram));
+  int64_t block = -1;
+  const double* g = calib->gram_as_kept("b", K, &block);
+  EXPECT_EQ(block, 0);
+  EXPECT_TRUE(std::equal(whole.gram.begin(), whole.gram.end(), g));
+  for (int64_t i = 0; i < K; ++i) EXPECT_EQ(g[i * K + (K - 1 - i)], g[(K - 1 - i) * K + i]);  // both triangles
 }
 
 }  // namespace

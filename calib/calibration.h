@@ -27,6 +27,7 @@ struct CalibrationOptions {
   std::string dataset = "cnn";  // text source when no calib_data
   std::string calib_data;       // .npz of ready model inputs
   std::string calibration_eps = "cuda,cpu";
+  bool calibration_eps_given = false;  // on the command line or in --config: ONNX Runtime is asked for
   std::string model_name;       // where the tokenizer is
   int64_t calib_size = 32;
   int64_t calib_seq_len = 512;
@@ -39,7 +40,7 @@ struct CalibrationOptions {
   bool use_random_calib = false;  // seeded random token ids instead of a dataset
   int threads = 0;
   bool quiet = false;
-  CalibrationEngine engine = CalibrationEngine::kOrt;
+  CalibrationEngine engine = CalibrationEngine::kAuto;
   std::string engine_fallback;  // why kAuto runs ONNX Runtime (empty where it runs the layer engine)
   // kNative: the engine, opened once per run and shared by every layer group's request (each batch's
   // forward pass goes on from where the previous group left it).

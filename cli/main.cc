@@ -28,7 +28,7 @@ namespace {
 // The flags whose values are names: kept as text until parsed into the options' enums.
 struct NamedChoices {
   std::string algo = "awq_lite", awq_mode = "nibble", format, device = "auto", mixed_strategy, device_memory,
-      gather_quantize_axis, layer_by_layer = "auto", calibration_engine = "ort";
+      gather_quantize_axis, layer_by_layer = "auto", calibration_engine = "auto";
 };
 
 // The quantize flags in three parts (the --help order): input, output and algorithm; calibration; precision,
@@ -75,9 +75,10 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
 
 void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {
   q.add_option("--calibration_engine", c.calibration_engine,
-               "What runs the model on the calibration data: ort (ONNX Runtime in a Python process), native "
-               "(nibble's own layer engine, on the CPU), or auto: native wherever it can run the model and the "
-               "run's statistics (not --awq_mode modelopt, --calib_cache, --feed_quantized --resume), else ort")
+               "What runs the model on the calibration data: native (nibble's own layer engine, on the CPU), "
+               "ort (ONNX Runtime in a Python process), or auto: native wherever it can run the model and the "
+               "run's statistics (not --awq_mode modelopt, --calib_cache, --calibration_eps, --feed_quantized "
+               "--resume), else ort")
       ->capture_default_str();
   q.add_option("--calibration_eps", o.calib.calibration_eps,
                "ONNX Runtime execution providers for calibration, in order of preference (cuda, cpu, dml, "
@@ -392,6 +393,7 @@ int main(int argc, char** argv) {
     if (*quant) {
       drop_empty(opts.nodes_to_exclude);
       type_choices(choices, opts);
+      opts.calib.calibration_eps_given = quant->get_option("--calibration_eps")->count() > 0;
       if (opts.quiet) spdlog::set_level(spdlog::level::warn);
       if (opts.verbose) spdlog::set_level(spdlog::level::debug);
       return nibble::run_quantize(opts);

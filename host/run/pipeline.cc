@@ -58,6 +58,9 @@ void warn_inert_flags(const QuantizeOptions& o) {
                  method_names([](const Method& m) { return m.measures.gptq; }));
   if (!needs_calibration(o) && o.calib.engine == CalibrationEngine::kNative)
     spdlog::warn("--calibration_engine native: no effect: --algo {} runs no calibration", name_of(o.algo));
+  if (needs_calibration(o) && o.calib.engine == CalibrationEngine::kNative && o.calib.calibration_eps_given)
+    spdlog::warn("--calibration_eps {}: no effect: --calibration_engine native runs the model on nibble's own "
+                 "engine, on the CPU", o.calib.calibration_eps);
   if (!needs_calibration(o))
     for (const auto& [on, flag] : {std::pair{o.calib.use_random_calib, "--use_random_calib"},
                                    {o.calib.add_position_ids, "--add_position_ids"},
@@ -74,6 +77,8 @@ CalibrationEngine choose_calibration_engine(QuantizeOptions& o) {
     why = "--awq_mode modelopt measures ModelOpt's statistics through ONNX Runtime";
   else if (!o.calib.calib_cache.empty())
     why = "--calib_cache keeps ONNX Runtime's statistics files";
+  else if (o.calib.calibration_eps_given)
+    why = "--calibration_eps names ONNX Runtime's execution providers";
   else if (o.feed_quantized && o.resume)
     why = "a resumed --feed_quantized run feeds the finished layers from their checkpoints";
   else if (const std::string missing = layer_engine_cannot_run(o.onnx_path); !missing.empty())

@@ -138,11 +138,18 @@ def _run(argv: list[str], log_level: str) -> None:
         raise NibbleError(msg, rc, "".join(lines))
 
 
+# ModelOpt's default calibration_eps. Passed on, any list makes `--calibration_engine auto` choose ONNX
+# Runtime (the flag names its execution providers); the default is not passed, so the layer engine runs
+# where it can (and ONNX Runtime with the CLI's default providers, cuda then cpu, where it cannot).
+_MODELOPT_EPS = ["cpu", "cuda:0", "trt"]
+
+
 def _cli_args(onnx_path: str, out: str, calibration_method: str, npz: str | None, n_samples: int,
               calibration_eps: Sequence[str], use_zero_point: bool, block_size: int | None,
               nodes_to_exclude: Sequence[str] | None, log_level: str, kwargs: dict) -> list[str]:
-    argv = [binary(), "quantize", "--onnx_path", onnx_path, "--output_path", out, "--algo", calibration_method,
-            "--calibration_eps=" + ",".join(calibration_eps), "--force"]
+    argv = [binary(), "quantize", "--onnx_path", onnx_path, "--output_path", out, "--algo", calibration_method, "--force"]
+    if list(calibration_eps) != _MODELOPT_EPS:
+        argv.append("--calibration_eps=" + ",".join(calibration_eps))
     if npz:
         argv += ["--calib_data", npz, "--calib_size", str(n_samples)]
     elif calibrates(calibration_method, kwargs) and not kwargs.get("dataset") and not kwargs.get("calib_data"):
@@ -175,7 +182,9 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
     unused and a warning says so. `use_external_data_format=False` with output_path writes one
     self-contained .onnx: a model over protobuf's 2 GiB is refused (ValueError) and nothing is written at
     output_path. `input_shapes_profile` only serves TensorRT
-    execution providers and is ignored. Other keywords are ModelOpt's kwargs (awqlite_alpha_step,
+    execution providers and is ignored. `calibration_eps` other than ModelOpt's default calibrates through
+    ONNX Runtime on those providers; left at the default, nibble's own layer engine calibrates wherever it
+    can run the model (calibration_engine="ort" asks for ONNX Runtime). Other keywords are ModelOpt's kwargs (awqlite_alpha_step,
     awqlite_run_per_subgraph, awqlite_fuse_nodes, awqclip_alpha_step, awqclip_alpha_min,
     awqclip_bsz_col, enable_mixed_quant, layers_8bit, ...) or any `nibble quantize` flag by name
     (awq_mode="modelopt", format="matmulnbits", threads=4, ...). Raises NibbleError with nibble's

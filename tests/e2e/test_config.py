@@ -167,9 +167,10 @@ def option_fields() -> set[str]:
                                                             "arithmetic"}
     fields |= {"mixed_strategy", "use_zero_point", "awq_mode"}
     # threads, quiet: set from --threads/--quiet; engine is --calibration_engine; layer_engine and
-    # engine_fallback: the engine the run opens and why auto did not (no flag)
+    # engine_fallback: the engine the run opens and why auto did not (no flag); calibration_eps_given: whether
+    # --calibration_eps was given (the report echoes the flag)
     fields |= struct_fields(CALIB_H, "CalibrationOptions") - {"threads", "quiet", "engine", "layer_engine",
-                                                               "engine_fallback"}
+                                                               "engine_fallback", "calibration_eps_given"}
     fields |= {"calibration_engine"}
     return fields
 

@@ -112,6 +112,25 @@ def test_a_model_with_an_operator_the_engine_does_not_know_is_named(nibble, tmp_
     assert folder_digest(str(tmp_path / "in")) == before
 
 
+def test_the_default_runs_the_engine_and_ort_flags_choose_onnx_runtime(nibble, llama, tmp_path):
+    """--calibration_engine auto (the default): the engine, unless a flag names ONNX Runtime's own machinery
+    (--calibration_eps); with native, --calibration_eps says in one line that it does nothing."""
+    path, calib = llama
+    seen = {}
+    for name, extra in {"default": [], "eps": ["--calibration_eps", "cpu"],
+                        "native_eps": ["--calibration_engine", "native", "--calibration_eps", "cpu"]}.items():
+        rep = tmp_path / f"{name}.json"
+        r = nibble.quantize(path, str(tmp_path / name / "model.onnx"), "--algo", "awq_lite", *calib[:-1], *extra,
+                            "--report", str(rep))
+        seen[name] = json.loads(rep.read_text())["summary"]["calibration_engine"], r.stderr
+    assert seen["default"][0]["engine"] == "native"
+    assert seen["eps"][0] == {"engine": "ort", "why": "--calibration_eps names ONNX Runtime's execution providers"}
+    assert seen["native_eps"][0]["engine"] == "native"
+    assert ("--calibration_eps cpu: no effect: --calibration_engine native runs the model on nibble's own engine, "
+            "on the CPU") in seen["native_eps"][1]
+    assert "--calibration_eps" not in seen["default"][1] + seen["eps"][1]
+
+
 def test_the_flag_is_inert_without_calibration(nibble, smollm2, tmp_path):
     r = nibble.quantize(smollm2, str(tmp_path / "o" / "model.onnx"), "--algo", "rtn_dq", "--calibration_engine",
                         "native")

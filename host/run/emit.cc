@@ -117,10 +117,13 @@ bool round_own(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared
   return false;
 }
 
+// `codes`: a previous weight's code vector, whose pages the quantizer writes again instead of faulting in
+// fresh ones (a 7B model's codes are 6.7 GB: the kernel zeroing new pages cost more CPU time than packing).
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, bool float_zero_point,
-                              kernels::Backend& backend) {
+                              kernels::Backend& backend, std::vector<uint8_t> codes = {}) {
   kernels::QuantResult q;
+  q.codes = std::move(codes);
   q.keep = p.keep_result;
   if (searched.replay) return placeholder(pw, p.spec, float_zero_point);
   if (searched.quantizer) {
@@ -390,6 +393,15 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   // that the result is awaited before the job's pages go.
   std::optional<Job> next;
   std::future<kernels::QuantResult> next_q;
+  std::vector<std::vector<uint8_t>> spare_codes;  // written weights' code vectors, at most two
+  const auto spare = [&spare_codes] {
+    std::vector<uint8_t> v;
+    if (!spare_codes.empty()) {
+      v = std::move(spare_codes.back());
+      spare_codes.pop_back();
+    }
+    return v;
+  };
   for (size_t i = 0; i < plan.weights.size(); ++i) {
     const PlannedWeight& pw = plan.weights[i];
     const bool beside = i + 1 < plan.weights.size() && quantizes_beside_write(c, i + 1);
@@ -400,15 +412,17 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
       j.q = next_q.get();
     } else {
       j = take(c, i, ahead, !beside);
-      j.q = quantize(o, pw, j.p, j.scale, searched, j.float_zero_point, backend);
+      j.q = quantize(o, pw, j.p, j.scale, searched, j.float_zero_point, backend, spare());
     }
     if (beside) {
       next = take(c, i + 1, ahead, false);
-      next_q = std::async(std::launch::async, [&o, &searched, &backend, &nw = plan.weights[i + 1], &n = *next] {
-        return quantize(o, nw, n.p, n.scale, searched, n.float_zero_point, backend);
+      next_q = std::async(std::launch::async, [&o, &searched, &backend, &nw = plan.weights[i + 1], &n = *next,
+                                               codes = spare()]() mutable {
+        return quantize(o, nw, n.p, n.scale, searched, n.float_zero_point, backend, std::move(codes));
       });
     }
     write(c, pw, j, e, progress);
+    spare_codes.push_back(std::move(j.q.codes));
   }
   for (const auto& pw : plan.gathers)
     emit_table(o, model, pw, c.scales, c.column_divisors, rewriter, backend, e, progress);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -46,11 +47,13 @@ namespace {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl")
+#define NIBBLE_RTN_F16C_512 1  // and sixteen lanes at a time where a loop is written for them
 namespace avx512 {
 namespace {
 #include "kernels/cpu/rtn_fast_kernels.inc"
 }  // namespace
 }  // namespace avx512
+#undef NIBBLE_RTN_F16C_512
 #undef NIBBLE_RTN_F16C
 #pragma GCC pop_options
 #endif
@@ -92,7 +95,9 @@ RtnIsa active_isa() {
 
 void prepare(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
   out.groups = num_blocks(w.K(), spec.block);
-  out.codes.assign(size_t(w.rows * w.cols), 0);
+  // Every code is written by the kernels, so a reused vector keeps its bytes until then (no memset of a
+  // 7B weight's 45 MB of codes; only a grown tail is zeroed).
+  out.codes.resize(size_t(w.rows * w.cols));
   out.scales.assign(size_t(out.groups * w.N()), 0.0f);
   out.zero_points.assign(spec.zero_point ? out.scales.size() : 0, 0);
 }

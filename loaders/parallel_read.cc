@@ -19,6 +19,7 @@ void ReadStats::add(const ReadStats& o) {
   seconds += o.seconds;
   wait_seconds += o.wait_seconds;
   threads = std::max(threads, o.threads);
+  mapped = mapped || o.mapped;
 }
 
 namespace {

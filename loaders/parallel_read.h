@@ -1,6 +1,5 @@
 // Reading a range of a file at memory speed: several threads pread large aligned pieces of it into
-// one buffer. A weight read through the memory map instead is faulted in a few pages at a time by
-// whichever thread first touches it, and the quantizer then waits on the page tables, not on memory.
+// one buffer (a device's staging copies each weight anyway; the CPU reads the map: weight_stream.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +14,9 @@ struct ReadStats {
   double seconds = 0;       // wall time of the reads, each read one range at a time
   double wait_seconds = 0;  // how long the quantizer waited for a read that was not done yet
   int threads = 0;
+  // The kernels read the memory map itself (WeightStream::Reading::kMapAhead): `seconds` is then the
+  // time spent mapping pages ahead, not reading them, and the report's read rate is the quantize stage's.
+  bool mapped = false;
   void add(const ReadStats& o);
   double gbps() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0; }
 };

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -70,53 +71,91 @@ struct WeightStream::File {
   }
 };
 
-WeightStream::WeightStream(OnnxModel& model, std::vector<std::string> names, std::vector<bool> read, int threads)
-    : model_(model), names_(std::move(names)), read_(std::move(read)), threads_(std::max(threads, 1)),
+WeightStream::WeightStream(OnnxModel& model, std::vector<std::string> names, std::vector<bool> read, int threads,
+                           Reading how)
+    : model_(model), names_(std::move(names)), read_(std::move(read)), threads_(std::max(threads, 1)), how_(how),
       pool_(std::make_shared<Pool>()) {
   read_.resize(names_.size(), false);
-  stats_.threads = threads_;
+  stats_.threads = how == Reading::kCopy ? threads_ : 1;
+  stats_.mapped = how == Reading::kMapAhead;
 }
 
 WeightStream::~WeightStream() {
   if (ahead_.valid()) ahead_.wait();
 }
 
+// The file a view's bytes are in, opened once.
+int WeightStream::file_of(const TensorView& v, const std::string& path) {
+  for (const auto& f : files_)
+    if (f->path == path) return f->fd;
+  files_.push_back(std::make_unique<File>());
+  File& file = *files_.back();
+  file.path = path;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // as the map's open: no FIFO waits
+  if (file.fd < 0) throw Error("tensor '" + v.name + "': cannot open " + path + ": " + errno_text(errno));
+  return file.fd;
+}
+
+void WeightStream::count(const TensorView& v, double seconds) {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.bytes += v.nbytes;
+  stats_.tensors += 1;
+  stats_.seconds += seconds;
+}
+
 // Weight i's view, checked on the calling thread (the graph is read from one thread only), and the read of
-// its bytes into a pooled buffer on a thread of its own.
+// its bytes (or the mapping of its pages) on a thread of its own.
 void WeightStream::start(size_t i) {
   ahead_index_ = i;
   TensorView v = model_.view(*model_.initializer(names_[i]));
-  if (!read_[i] || !v.external || v.nbytes == 0) {
+  const bool copied = v.aligned_copy != nullptr;  // a misaligned offset: the view is already a copy
+  if (!read_[i] || !v.external || v.nbytes == 0 || (copied && how_ == Reading::kMapAhead)) {
     std::promise<TensorView> done;
     done.set_value(std::move(v));
     ahead_ = done.get_future();
     return;
   }
   const std::string path = model_.external_path(v);
-  File* file = nullptr;
-  for (const auto& f : files_)
-    if (f->path == path) file = f.get();
-  if (!file) {
-    files_.push_back(std::make_unique<File>());
-    file = files_.back().get();
-    file->path = path;
-    file->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // as the map's open: no FIFO waits
-    if (file->fd < 0) throw Error("tensor '" + v.name + "': cannot open " + path + ": " + errno_text(errno));
-  }
+  const int fd = file_of(v, path);
+  ahead_ = how_ == Reading::kCopy ? copy_ahead(std::move(v), fd, path) : map_ahead(std::move(v), fd, path);
+}
+
+std::future<TensorView> WeightStream::copy_ahead(TensorView v, int fd, const std::string& path) {
   std::shared_ptr<const uint8_t> buffer = Pool::get(pool_, size_t(v.nbytes));
-  ahead_ = std::async(std::launch::async, [this, v = std::move(v), buffer, fd = file->fd, path]() mutable {
+  return std::async(std::launch::async, [this, v = std::move(v), buffer, fd, path]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
     parallel_pread(fd, v.ref.offset, v.nbytes, const_cast<uint8_t*>(buffer.get()), threads_, v.name, path);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      stats_.bytes += v.nbytes;
-      stats_.tensors += 1;
-      stats_.seconds += secs;
-    }
+    count(v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     v.data = buffer.get();
     v.aligned_copy.reset();  // the buffer is aligned: a misaligned offset's copy is not needed
     v.buffer = std::move(buffer);
+    return std::move(v);
+  });
+}
+
+// The view's whole pages mapped ahead. MADV_POPULATE_READ fails with EFAULT where a read would raise
+// SIGBUS (the file shrank after the model was checked): one error line instead. Without it (EINVAL: an
+// older kernel) the stream copies from then on.
+std::future<TensorView> WeightStream::map_ahead(TensorView v, int fd, const std::string& path) {
+  return std::async(std::launch::async, [this, v = std::move(v), fd, path]() mutable {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t b = reinterpret_cast<uintptr_t>(v.data) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(v.data) + v.nbytes + page - 1) / page * page;
+    constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ (Linux 5.14), which older headers lack
+    if (::madvise(reinterpret_cast<void*>(b), e - b, kPopulateRead) != 0) {
+      const int err = errno;
+      if (err == EFAULT) {
+        struct stat st {};
+        ::fstat(fd, &st);
+        throw Error("tensor '" + v.name + "': " + path + " ends before offset " + std::to_string(st.st_size) +
+                    " (the file was truncated while nibble read it)");
+      }
+      how_ = Reading::kCopy;  // the next weights are copied; this one's pages fault in as it is read
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      stats_.mapped = false, stats_.threads = threads_;
+    }
+    count(v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return std::move(v);
   });
 }

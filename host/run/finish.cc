@@ -131,12 +131,14 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
   else if (needs_calibration(o))
     report["summary"]["calibration_engine"] = {{"engine", "ort"},
         {"why", o.calib.engine_fallback.empty() ? std::string("--calibration_engine ort") : o.calib.engine_fallback}};
-  // How fast the weights came from their files (bytes over the reads' wall time), and how long the
-  // quantizer waited for them: where the reads are what bounds a run, these say so.
-  report["summary"]["read_gbps"] = e.read.gbps();
-  report["summary"]["read"] = {{"bytes", e.read.bytes},       {"tensors", e.read.tensors},
-                               {"seconds", e.read.seconds},   {"wait_seconds", e.read.wait_seconds},
-                               {"threads", e.read.threads}};
+  // How fast the weights came from their files, and how long the quantizer waited for them: where the
+  // reads are what bounds a run, these say so. Copied (a device): bytes over the reads' wall time. Read
+  // from the map by the kernels (the CPU): bytes over the quantize stage's, which reads them as it goes.
+  report["summary"]["read_gbps"] =
+      e.read.mapped ? (t.quantize > 0 ? double(e.read.bytes) / t.quantize / 1e9 : 0.0) : e.read.gbps();
+  report["summary"]["read"] = {{"how", e.read.mapped ? "map" : "copy"}, {"bytes", e.read.bytes},
+                               {"tensors", e.read.tensors},            {"seconds", e.read.seconds},
+                               {"wait_seconds", e.read.wait_seconds},  {"threads", e.read.threads}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
   if (method(o.algo).learned_rounding) {
     const LearnedRoundingTotals l = learned_rounding_totals();

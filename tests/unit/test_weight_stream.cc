@@ -165,3 +165,52 @@ TEST(WeightStream, AFileTruncatedWhileReadingIsOneErrorLine) {
   EXPECT_EQ(error, "tensor 'w1': " + fs::canonical(dir / "w.data").string() + " ends before offset " +
                        std::to_string(64 * 128 + 100) + " (the file was truncated while nibble read it)");
 }
+
+// The CPU's reading: each view is the memory map's own (no buffer), its pages mapped ahead; a misaligned
+// offset's view is the aligned copy the model made; the stats count the weights whose pages were mapped.
+TEST(WeightStream, MapAheadHandsOutTheMapsOwnBytes) {
+  const fs::path dir = fresh_dir("map_ahead");
+  const std::vector<int64_t> rows = {100, 3, 257};
+  const std::vector<uint64_t> offsets = {0, 12801, 13186};  // the second misaligned
+  const std::vector<uint8_t> data = random_bytes(13186 + 257 * 64 * 2, 4);
+  write_file(dir / "w.data", data);
+  auto model = OnnxModel::load(model_with(dir, offsets, rows));
+  WeightStream s(*model, {"w0", "w1", "w2"}, {true, true, true}, 2, WeightStream::Reading::kMapAhead);
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < 3; ++i) views.push_back(s.take(i));
+  for (size_t i = 0; i < 3; ++i) {
+    const TensorView& v = views[i];
+    ASSERT_EQ(v.nbytes, uint64_t(rows[i] * 128));
+    EXPECT_EQ(0, std::memcmp(v.data, data.data() + offsets[i], v.nbytes)) << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 2, 0u) << i;
+    EXPECT_EQ(v.buffer, nullptr) << i;
+    EXPECT_EQ(v.aligned_copy != nullptr, i == 1) << i;
+  }
+  const ReadStats st = s.stats();
+  EXPECT_EQ(st.bytes, uint64_t((100 + 257) * 128));
+  EXPECT_EQ(st.tensors, 2u);
+  EXPECT_EQ(st.threads, 1);
+}
+
+// A file that shrank before its pages were mapped ahead: one error line, as when reading it.
+TEST(WeightStream, MapAheadOfATruncatedFileIsOneErrorLine) {
+  const fs::path dir = fresh_dir("map_truncated");
+  const std::vector<uint8_t> data = random_bytes(2 * 64 * 128 + 8192, 5);
+  write_file(dir / "w.data", data);
+  auto model = OnnxModel::load(model_with(dir, {0, 64 * 128 + 8192}, {64, 64}));
+  WeightStream s(*model, {"w0", "w1"}, {true, true}, 1, WeightStream::Reading::kMapAhead);
+  const TensorView v0 = s.take(0);
+  EXPECT_EQ(0, std::memcmp(v0.data, data.data(), v0.nbytes));
+  ::truncate((dir / "w.data").c_str(), 64 * 128 + 100);
+  std::string error;
+  for (size_t i : {size_t(1), size_t(0), size_t(1)}) {
+    try {
+      s.take(i);
+    } catch (const Error& e) {
+      error = e.what();
+      break;
+    }
+  }
+  EXPECT_EQ(error, "tensor 'w1': " + fs::canonical(dir / "w.data").string() + " ends before offset " +
+                       std::to_string(64 * 128 + 100) + " (the file was truncated while nibble read it)");
+}

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace nibble::forward {
@@ -31,6 +32,16 @@ struct PoolAllocator {
   PoolAllocator(const PoolAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(pool_alloc(n * sizeof(T))); }
   void deallocate(T* p, size_t n) noexcept { pool_free(p, n * sizeof(T)); }
+  // Elements are default-initialized (for float: not zeroed): every operator writes each element of its
+  // result, and zeroing first cost a pass over memory per operator. Floats(n, 0.0f) still zeroes.
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
   template <class U>
   bool operator==(const PoolAllocator<U>&) const { return true; }
   template <class U>

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "forward/broadcast.h"
+#include "forward/fast_exp.h"
 #include "forward/op_table.h"
 #include "forward/matmul.h"
 #include "kernels/parallel.h"
@@ -98,8 +99,8 @@ void softmax_row(const Gqa& g, float* row, int64_t s, int64_t keys) {
     row[j] = d;
     m = std::max(m, d);
   }
-  float sum = 0.0f;
-  for (int64_t j = begin; j < end; ++j) sum += row[j] = std::exp(row[j] - m);
+  exp_rows(row + begin, row + begin, end - begin, m);
+  const float sum = ordered_sum(row + begin, end - begin);
   for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] / sum : 0.0f;
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "forward/broadcast.h"
+#include "forward/fast_exp.h"
 #include "forward/op_table.h"
 
 namespace nibble::forward {
@@ -35,6 +36,31 @@ int64_t apply_int(const OpCall& c, Binary op, int64_t a, int64_t b) {
   return 0;
 }
 
+// Two float32 operands: the operator fixed at compile time, so each loop vectorizes; operands of the
+// output's shape (the MLP's gate times up, a residual add) in plain ranges.
+template <Binary kOp>
+void binary_f32(const std::vector<int64_t>& out_shape, const std::vector<int64_t> (&strides)[2], const float* x,
+                const float* y, bool same_shapes, float* r) {
+  if (same_shapes) {
+    parallel_ranges(numel_of(out_shape), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) r[i] = apply_float(kOp, x[i], y[i]);
+    });
+    return;
+  }
+  parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) { r[i] = apply_float(kOp, x[ia], y[ib]); });
+}
+
+void binary_f32(Binary op, const std::vector<int64_t>& out_shape, const std::vector<int64_t> (&strides)[2],
+                const float* x, const float* y, bool same_shapes, float* r) {
+  switch (op) {
+    case Binary::kAdd: return binary_f32<Binary::kAdd>(out_shape, strides, x, y, same_shapes, r);
+    case Binary::kSub: return binary_f32<Binary::kSub>(out_shape, strides, x, y, same_shapes, r);
+    case Binary::kMul: return binary_f32<Binary::kMul>(out_shape, strides, x, y, same_shapes, r);
+    case Binary::kDiv: return binary_f32<Binary::kDiv>(out_shape, strides, x, y, same_shapes, r);
+    case Binary::kPow: return binary_f32<Binary::kPow>(out_shape, strides, x, y, same_shapes, r);
+  }
+}
+
 std::vector<Value> binary(const OpCall& c, Binary op) {
   const Value& a = c.need(0);
   const Value& b = c.need(1);
@@ -46,9 +72,8 @@ std::vector<Value> binary(const OpCall& c, Binary op) {
     Floats r(static_cast<size_t>(numel_of(out_shape)));
     const DType ta = a.storage(), tb = b.storage();
     if (ta == DType::kFloat32 && tb == DType::kFloat32) {
-      const float* x = a.as<float>();
-      const float* y = b.as<float>();
-      parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) { r[size_t(i)] = apply_float(op, x[ia], y[ib]); });
+      binary_f32(op, out_shape, strides, a.as<float>(), b.as<float>(), a.shape == out_shape && b.shape == out_shape,
+                 r.data());
     } else {
       parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
         r[size_t(i)] = apply_float(op, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
@@ -64,18 +89,31 @@ std::vector<Value> binary(const OpCall& c, Binary op) {
   return {from_ints(a.dtype, out_shape, r)};
 }
 
+// f(in, out, n) over ranges of the elements; a float32 input is read where it is (no copy first).
 template <class F>
-std::vector<Value> unary(const OpCall& c, F f) {
+std::vector<Value> unary_rows(const OpCall& c, F f) {
   const Value& a = c.need(0);
   if (!a.is_float()) c.fail("expects a float input, got " + dtype_name(a.dtype));
-  Floats x = to_floats(a);
-  parallel_ranges(int64_t(x.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) x[size_t(i)] = f(x[size_t(i)]);
-  });
+  Floats x;
+  const float* in = a.as<float>();
+  if (a.storage() == DType::kFloat32) {
+    x.resize(size_t(a.numel()));
+  } else {
+    x = to_floats(a);
+    in = x.data();
+  }
+  float* out = x.data();
+  parallel_ranges(int64_t(x.size()), [&](int64_t begin, int64_t end) { f(in + begin, out + begin, end - begin); });
   return {c.result(a.dtype, a.shape, std::move(x))};
 }
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// f(x) element by element.
+template <class F>
+std::vector<Value> unary(const OpCall& c, F f) {
+  return unary_rows(c, [&f](const float* in, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(in[i]);
+  });
+}
 float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2))); }
 float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -128,11 +166,13 @@ void add_elementwise_ops(OpTable& t) {
   t[":Sqrt"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::sqrt(x); }); }, true};
   t[":Reciprocal"] = {[](const OpCall& c) { return unary(c, [](float x) { return 1.0f / x; }); }, true};
   t[":Neg"] = {[](const OpCall& c) { return unary(c, [](float x) { return -x; }); }, true};
-  t[":Exp"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::exp(x); }); }, true};
+  t[":Exp"] = {[](const OpCall& c) {
+    return unary_rows(c, [](const float* in, float* out, int64_t n) { exp_rows(in, out, n, 0.0f); });
+  }, true};
   t[":Tanh"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::tanh(x); }); }, true};
   t[":Erf"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::erf(x); }); }, true};
   t[":Relu"] = {[](const OpCall& c) { return unary(c, [](float x) { return x > 0.0f ? x : 0.0f; }); }, true};
-  t[":Sigmoid"] = {[](const OpCall& c) { return unary(c, sigmoid); }, true};
+  t[":Sigmoid"] = {[](const OpCall& c) { return unary_rows(c, sigmoid_rows); }, true};
   t[":Cast"] = {cast, false};
   t[":Gelu"] = {[](const OpCall& c) {  // opset 20: approximate = "none" | "tanh"
     for (const auto& a : c.node.attribute())

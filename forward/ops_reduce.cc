@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "forward/broadcast.h"
+#include "forward/fast_exp.h"
 #include "forward/op_table.h"
 
 namespace nibble::forward {
@@ -52,8 +53,8 @@ std::vector<Value> softmax(const OpCall& c) {
     float* row = x.data() + r * size_t(cols);
     float m = -INFINITY;
     for (int64_t j = 0; j < cols; ++j) m = std::max(m, row[j]);
-    float s = 0.0f;
-    for (int64_t j = 0; j < cols; ++j) s += row[j] = std::exp(row[j] - m);
+    exp_rows(row, row, cols, m);
+    const float s = ordered_sum(row, cols);
     for (int64_t j = 0; j < cols; ++j) row[j] /= s;
   }
   return {c.result(in.dtype, in.shape, std::move(x))};

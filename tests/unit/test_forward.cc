@@ -13,6 +13,7 @@
 #include "forward/buffer_pool.h"
 #include "forward/matmul.h"
 #include "kernels/parallel.h"
+#include "forward/fast_exp.h"
 #include "forward/op_call.h"
 #include "forward/value.h"
 
@@ -109,6 +110,41 @@ TEST(ForwardOps, Fp16ResultsOfFloat32OperatorsStayWideUntilRounded) {
   EXPECT_EQ(to_floats(out[0])[0], x);
   EXPECT_EQ(to_floats(narrow(out[0]))[0], 1.0f);
   EXPECT_FALSE(find_op("com.microsoft", "SkipSimplifiedLayerNormalization")->float32_on_cpu);
+}
+
+// exp_fast against libm's exp in double: within 2 ulp of float over the range it covers, the edges clamped,
+// NaN kept; Sigmoid and a same-shape Mul through the operators give the element-wise definitions.
+TEST(ForwardOps, FastExpIsWithinTwoUlpAndSigmoidFollowsIt) {
+  double worst = 0.0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -87.0f + 175.0f * float(i) / 200000.0f;
+    const double want = std::exp(double(x));
+    worst = std::max(worst, std::fabs(double(exp_fast(x)) - want) / want);
+  }
+  EXPECT_LE(worst, 2.0 * 5.96e-8) << worst;  // 2 ulp: 2 · 2^-24
+  EXPECT_EQ(exp_fast(0.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(exp_fast(NAN)));
+  EXPECT_LE(exp_fast(-INFINITY), 1.25e-38f);
+  EXPECT_GE(exp_fast(INFINITY), 2.1e38f);
+  EXPECT_TRUE(std::isfinite(exp_fast(INFINITY)));
+  const Value a = from_floats(DType::kFloat32, {3, 7}, random_floats(21, 9));  // 21: a tail of one
+  const auto sig = to_floats(call("", "Sigmoid", {&a}).at(0));
+  const auto prod = to_floats(call("", "Mul", {&a, &a}).at(0));
+  const auto x = to_floats(a);
+  for (size_t i = 0; i < 21; ++i) {
+    EXPECT_EQ(sig[i], 1.0f / (1.0f + exp_fast(-x[i]))) << i;
+    EXPECT_NEAR(sig[i], 1.0 / (1.0 + std::exp(-double(x[i]))), 3e-7) << i;
+    EXPECT_EQ(prod[i], x[i] * x[i]) << i;
+  }
+}
+
+TEST(ForwardOps, OrderedSumFoldsEightPartialSumsInAFixedOrder) {
+  const Floats x = random_floats(13, 4);
+  float part[8] = {};
+  for (size_t i = 0; i < 13; ++i) part[i % 8] += x[i];
+  EXPECT_EQ(ordered_sum(x.data(), 13),
+            ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])));
+  EXPECT_EQ(ordered_sum(x.data(), 0), 0.0f);
 }
 
 TEST(ForwardOps, UnknownOperatorIsNotFound) {

@@ -29,13 +29,15 @@ std::vector<Case> select(const std::vector<Case>& cs, const std::function<bool(c
 
 std::vector<float> to_float(const std::vector<double>& g) { return std::vector<float>(g.begin(), g.end()); }
 
+Tensor gram_view(const std::vector<double>& g, int64_t K) { return host_view(DType::kFloat64, {K, K}, g.data()); }
+
 // The loss checks: the Gram form and the factor form, plain and with clip ratios, two scale vectors.
 std::string check_losses(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
   const auto gram = check::gram(300, c.K, 21);
   const auto g32 = to_float(gram);
   const Tensor g32t = host_view(DType::kFloat32, {c.K, c.K}, g32.data());
   // U from the reference (host memory, which a device uploads), and U as the backend itself left it.
-  const GramFactor ur = r.gram_cholesky_upper(gram.data(), c.K), ug = g.gram_cholesky_upper(gram.data(), c.K);
+  const GramFactor ur = r.gram_cholesky_upper(gram_view(gram, c.K)), ug = g.gram_cholesky_upper(gram_view(gram, c.K));
   const auto s1 = check::positive(c.K, 0.5f, 2.0f, 5), s2 = check::positive(c.K, 0.8f, 1.25f, 6);
   const std::vector<float> ratios{1.0f, 0.9f, 0.8f};
   for (int form_kind : {0, 1, 2})
@@ -198,9 +200,12 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
   out.push_back(run("gram_cholesky_upper", ref, b, one, [](Backend&, Backend& g, const Case& c, const check::Weight&) {
     const int64_t K = c.K;
     const auto gram = check::gram(300, K, 3);
-    const GramFactor f = g.gram_cholesky_upper(gram.data(), K);
+    const GramFactor f = g.gram_cholesky_upper(gram_view(gram, K));
     if (!f.ok() || f.upper.elements() != K * K) return std::string("no factor");
     const std::vector<uint8_t> bytes = g.download(f.upper);
+    // G already on the backend (the layer engine's statistics) is read in place: the same factor.
+    const GramFactor fr = g.gram_cholesky_upper(g.upload(gram_view(gram, K)));
+    if (!fr.ok() || g.download(fr.upper) != bytes) return std::string("the factor of the uploaded G differs");
     std::vector<float> u(size_t(K * K));
     std::memcpy(u.data(), bytes.data(), u.size() * 4);
     double gmax = 0;
@@ -213,15 +218,17 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
           return "UᵀU differs from G at " + std::to_string(i) + "," + std::to_string(j) + " (bound 2e-6 of max G_kk)";
       }
     std::vector<double> zero(size_t(K * K), 0.0);
-    return g.gram_cholesky_upper(zero.data(), K).ok() ? std::string("factor of a zero matrix") : std::string();
+    return g.gram_cholesky_upper(gram_view(zero, K)).ok() ? std::string("factor of a zero matrix") : std::string();
   }));
   out.push_back(run("channel_energy", ref, b, one, [](Backend& r, Backend& g, const Case& c, const check::Weight&) {
     const auto gram = check::gram(50, c.K, 4);
     const auto s = check::positive(c.K, 0.5f, 2.0f, 3);
-    for (const float* sp : {static_cast<const float*>(nullptr), s.data()})
-      if (auto e = same(r.channel_energy(gram.data(), c.K, sp), g.channel_energy(gram.data(), c.K, sp), "energy");
-          !e.empty())
-        return e;
+    const Tensor up = g.upload(gram_view(gram, c.K));  // read where it is, as the host's
+    for (const float* sp : {static_cast<const float*>(nullptr), s.data()}) {
+      const auto want = r.channel_energy(gram_view(gram, c.K), sp);
+      if (auto e = same(want, g.channel_energy(gram_view(gram, c.K), sp), "energy"); !e.empty()) return e;
+      if (auto e = same(want, g.channel_energy(up, sp), "energy of the uploaded G"); !e.empty()) return e;
+    }
     return std::string();
   }));
   out.push_back(run("awq_losses", ref, b, select(cs, [](const Case& c) { return c.K == 200; }), check_losses));

@@ -45,7 +45,8 @@ class GramCache {
     if (act != name_) {
       form_ = {};  // the last activation's tensors, released before this one's are made
       // Left where the backend computes it (a device keeps U for the sibling weights that read it).
-      kernels::GramFactor f = cholesky_ ? backend_.gram_cholesky_upper(stats->gram, stats->K) : kernels::GramFactor{};
+      const kernels::Tensor g64 = kernels::host_view(DType::kFloat64, {stats->K, stats->K}, stats->gram);
+      kernels::GramFactor f = cholesky_ ? backend_.gram_cholesky_upper(g64) : kernels::GramFactor{};
       if (cholesky_ && !f.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
       g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
       name_ = act;

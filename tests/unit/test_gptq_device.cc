@@ -267,7 +267,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   for (int64_t k : {300, 260}) {
     std::vector<double> eye(size_t(k * k), 0.0);
     for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
-    holds.push_back(held->gram_cholesky_upper(eye.data(), k));
+    holds.push_back(held->gram_cholesky_upper(kernels::host_view(DType::kFloat64, {k, k}, eye.data())));
     ASSERT_TRUE(holds.back().upper.buffer);
   }
   QuantResult want_k, back;
@@ -302,7 +302,7 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
         for (int64_t k : held ? std::vector<int64_t>{300, 260} : std::vector<int64_t>{}) {
           std::vector<double> eye(size_t(k * k), 0.0);
           for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
-          holds.push_back(gpu->gram_cholesky_upper(eye.data(), k));
+          holds.push_back(gpu->gram_cholesky_upper(kernels::host_view(DType::kFloat64, {k, k}, eye.data())));
           ASSERT_TRUE(holds.back().upper.buffer);
         }
         QuantResult want, got;

@@ -161,6 +161,53 @@ def test_awq_lite_layer_by_layer_is_pooled(nibble, ledger_model, deep_model, tmp
     check_pooled(nibble, deep_model, npz, tmp_path, r, *flags)
 
 
+@pytest.fixture(scope="module")
+def engine_calib(ledger_model, tmp_path_factory):
+    """64 tokens, fewer than the channels: an activation's rows weigh less on the bus than its Gram matrix."""
+    spec, _, _ = ledger_model
+    npz = str(tmp_path_factory.mktemp("engine_ledger") / "calib.npz")
+    np.savez(npz, hidden=np.random.default_rng(4).standard_normal((4, 16, spec.hidden)).astype(np.float16))
+    return npz, 4 * 16
+
+
+@pytest.mark.parametrize("layer_by_layer", ["off", "on"])
+def test_awq_lite_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model, engine_calib, tmp_path,
+                                                                     layer_by_layer):
+    """The layer engine's statistics accumulate on the device and the search reads them there: each
+    activation's counted rows go up once (the forward pass still runs on the host), its Gram matrix never
+    crosses the bus, and the output is the CPU's byte for byte. Before, each Gram matrix went up for the
+    search (W + Σ K² · 4 bytes at least)."""
+    _, src, _ = ledger_model
+    npz, tokens = engine_calib
+    flags = ("--algo", "awq_lite", "--calibration_engine", "native", "--calib_data", npz, "--calib_size", "4",
+             "--block_size", "32", "--layer_by_layer", layer_by_layer)
+    digests = {}
+    for device in ("cpu", "cuda_emulated"):
+        out = str(tmp_path / device / "model.onnx")
+        nibble.quantize(src, out, *flags, "--device", device, "--report", str(tmp_path / f"{device}.json"), "--force")
+        digests[device] = folder_digest(os.path.dirname(out))
+    assert digests["cpu"] == digests["cuda_emulated"]
+    with open(tmp_path / "cuda_emulated.json") as f:
+        r = json.load(f)
+    d = r["summary"]["device"]
+    ops, w, acts = d["ops"], r["summary"]["bytes_in"], activations(src, r)
+    batches = tokens * sum(acts.values()) * 4  # each activation's rows, float32, once
+    print(f"ledger: W {w}, activation rows {batches}, Gram matrices {gram_bytes(acts)}, h2d {d['h2d_bytes']}")
+    assert ops["upload"]["h2d_bytes"] == w + batches  # each weight once, each batch run's rows once
+    stats = ops["accumulate_statistics"]
+    assert stats["calls"] >= len(acts) and stats["h2d_bytes"] == stats["d2h_bytes"] == 0
+    assert not stats["host_fallback"]
+    assert ops["gram_cholesky_upper"]["calls"] == len(acts)
+    assert ops["gram_cholesky_upper"]["h2d_bytes"] == 0  # G is read where it accumulated
+    assert ops["unpack_gram"]["h2d_bytes"] == ops["gram_to_f32"]["h2d_bytes"] == 0
+    assert d["h2d_bytes"] <= 1.1 * (w + batches) < w + gram_bytes(acts)
+    # Down: Σ|x| of each activation (K float64: the AWQ scales are host arithmetic), then check_down's bound
+    # on the rest (the packed output and the choices).
+    assert ops["download"]["d2h_bytes"] == 8 * sum(acts.values())
+    assert d["d2h_bytes"] - ops["download"]["d2h_bytes"] <= 1.11 * r["summary"]["bytes_quantized_out"]
+    check_on_host(d)
+
+
 def test_awq_clip_moves_each_weight_and_each_activations_gram_blocks_once(nibble, ledger_model, deep_model,
                                                                           tmp_path):
     _, src, npz = ledger_model

@@ -40,7 +40,9 @@ std::string check_accumulate(Backend& r, Backend& g, const Case& c, const check:
   const int64_t K = c.K, n1 = 300, n2 = kStatisticsRowsPerProduct + 50;
   const std::vector<float> x = activations(n1 + n2, K, 61);
   for (int64_t B : {int64_t(0), c.block}) {
-    ActivationSums want{K, B}, got{K, B};
+    ActivationSums want, got;
+    want.K = got.K = K;
+    want.gram_block = got.gram_block = B;
     for (const auto& [off, n] : {std::pair<int64_t, int64_t>{0, n1}, {n1, n2}}) {
       const Tensor xt = host_view(DType::kFloat32, {n, K}, x.data() + off * K);
       r.accumulate_statistics(xt, want);

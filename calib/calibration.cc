@@ -414,14 +414,17 @@ const double* Calibration::gram_as_kept(const std::string& activation, int64_t K
   return reinterpret_cast<const double*>(gram_map(e).data());
 }
 
-kernels::Tensor Calibration::gram_tensor(const std::string& activation, int64_t K) {
+kernels::Tensor Calibration::gram_tensor(const std::string& activation, int64_t K, int64_t* block) {
   const Entry& e = entry(activation, K);
-  if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
+  const int64_t B = e.gram_block;
+  if (B && !block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
+  if (block) *block = B;
   if (e.measured) {
     unpack_gram(*e.measured);
     return e.measured->gram;
   }
-  return kernels::host_view(DType::kFloat64, {K, K}, gram_map(e).data());
+  return B ? kernels::host_view(DType::kFloat64, {kernels::num_blocks(K, B), B, B}, gram_map(e).data())
+           : kernels::host_view(DType::kFloat64, {K, K}, gram_map(e).data());
 }
 
 void Calibration::release_gram(const std::string& activation) {

@@ -126,9 +126,10 @@ class Calibration {
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).
   ActivationStats stats(const std::string& activation, bool numpy_mean);
-  // The whole float64 Gram matrix [K, K] as a tensor: where the layer engine left it (on the run's backend,
-  // unpacked there), else a view of the host's file. Throws where only the diagonal blocks were kept.
-  kernels::Tensor gram_tensor(const std::string& activation, int64_t K);
+  // The float64 Gram matrix as a tensor: where the layer engine left it (on the run's backend, unpacked
+  // there), else a view of the host's file. Whole [K, K] (*block = 0), or where calibration kept only its
+  // diagonal blocks [ceil(K/B), B, B] (*block = B; without `block` that is an Error).
+  kernels::Tensor gram_tensor(const std::string& activation, int64_t K, int64_t* block = nullptr);
   // The activation's Gram matrix as float32 (what the loss GEMMs take); its float64 pages are dropped
   // from memory afterwards (read again from the file if asked again), so only the activation being
   // searched is resident.

@@ -66,13 +66,14 @@ std::string check_clip_gram(Backend& r, Backend& g, const Case& c, const check::
   const auto inv_s = check::positive(K, 0.5f, 2.0f, 8);
   for (int64_t gb : {int64_t(0), B})
     for (bool scaled : {false, true})
-      for (bool both : {false, true}) {
-        const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f}, both};
+      for (int both_up = 0; both_up < 3; ++both_up) {  // both signs or not; both, G on the backend (read there)
+        const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f}, both_up > 0};
         const Tensor gm = gb ? host_view(DType::kFloat64, {G, B, B}, blocks.data())
                              : host_view(DType::kFloat64, {K, K}, gram.data());
         QuantResult a, x;
         r.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, a);
-        g.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, x);
+        g.clip_quantize_gram(w.m, c.spec(), both_up == 2 ? g.upload(gm) : gm, gb, scaled ? inv_s.data() : nullptr, opt,
+                             x);
         for (const std::string& e : {same(a.codes, x.codes, "codes"), same(a.scales, x.scales, "scales"),
                                      same(a.zero_points, x.zero_points, "zero points")})
           if (!e.empty()) return e;

@@ -33,6 +33,18 @@ inline std::vector<const float*> pointers(const std::vector<std::vector<float>>&
   return p;
 }
 
+// The activation's float32 Gram matrix for the losses, from XᵀX where calibration keeps it (`g64`, its
+// gram_tensor): converted on the host into `host` where it is host memory (ONNX Runtime's file, the CPU's
+// statistics; the float64 pages are dropped afterwards), else made on the backend from its copy (the layer
+// engine's on a device: nothing crosses the bus, and the loss reads it there).
+inline kernels::Tensor gram_f32_for_loss(kernels::Backend& backend, Calibration& calib, const std::string& act,
+                                         const kernels::Tensor& g64, std::vector<float>& host) {
+  if (!g64.data) return backend.gram_to_f32(g64);
+  host = calib.gram_f32(act);
+  const int64_t K = g64.shape[0];
+  return kernels::host_view(DType::kFloat32, {K, K}, host.data());
+}
+
 // The Gram matrix of the activation as fp32 for sgemm, converted once per activation; in nibble mode
 // also its Cholesky factor (the loss then costs one triangular product, half a GEMM). Where the layer
 // engine left XᵀX on the backend, both are made there from it and nothing crosses the bus.
@@ -50,13 +62,8 @@ class GramCache {
       // Left where the backend computes it (a device keeps U for the sibling weights that read it).
       kernels::GramFactor f = cholesky_ ? backend_.gram_cholesky_upper(g64) : kernels::GramFactor{};
       if (cholesky_ && !f.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
-      kernels::Tensor g32;
-      if (g64.data) {  // host memory (ONNX Runtime's file, or the CPU's statistics)
-        g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
-        g32 = kernels::host_view(DType::kFloat32, {stats->K, stats->K}, g32_.data());
-      } else {  // only the backend holds XᵀX: G too is made there (the loss reads its diagonal there)
-        g32 = backend_.gram_to_f32(g64);
-      }
+      // Last: on the host it drops the float64 pages the factorisation read.
+      const kernels::Tensor g32 = gram_f32_for_loss(backend_, calib, act, g64, g32_);
       name_ = act;
       // The GEMM form reads G itself: a device keeps it for the sibling weights too (what the failed
       // factorisation uploaded, when the backend kept it).

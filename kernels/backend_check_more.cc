@@ -132,16 +132,19 @@ std::string check_gptq(Backend& r, Backend& g, const Case& c, const check::Weigh
   GptqOptions opt;
   opt.ratios = {1.0f, 0.9f, 0.8f};
   for (bool act_order : {false, true}) {
-    const GptqFactor fr = r.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
-    const GptqFactor fg = g.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
-    if (fr.perm != fg.perm) return "sweep order differs";
-    if (fr.damp != fg.damp || fr.dead != fg.dead) return "dampening or dead channels differ";
+    const GptqFactor fr = r.gptq_factor(gram_view(gram, c.K), act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    const GptqFactor fg = g.gptq_factor(gram_view(gram, c.K), act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    // G already on the backend (the layer engine's statistics) is read in place.
+    const GptqFactor fu =
+        g.gptq_factor(g.upload(gram_view(gram, c.K)), act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    if (fr.perm != fg.perm || fu.perm != fg.perm) return "sweep order differs";
+    if (fr.damp != fg.damp || fr.dead != fg.dead || fu.damp != fg.damp) return "dampening or dead channels differ";
     QuantResult a;
     r.gptq_quantize(w.m, c.spec(), fr, opt, a);
-    for (const GptqFactor* f : {&fg, &fr}) {
+    for (const GptqFactor* f : {&fg, &fr, &fu}) {
       QuantResult x;
       g.gptq_quantize(w.m, c.spec(), *f, opt, x);
-      const std::string whose = f == &fg ? "own factor: " : "reference's factor: ";
+      const std::string whose = f == &fg ? "own factor: " : f == &fr ? "reference's factor: " : "uploaded G's factor: ";
       size_t differ = 0;
       for (size_t i = 0; i < a.codes.size(); ++i) differ += a.codes[i] != x.codes[i];
       if (differ > a.codes.size() / 500) return whose + std::to_string(differ) + " codes differ (bound 1 in 500)";
@@ -163,7 +166,7 @@ std::string check_learned(Backend& r, Backend& g, const Case& c, const check::We
   opt.lr = 0.04;
   for (const float* s : {static_cast<const float*>(nullptr), inv_s.data()}) {
     QuantResult given;
-    r.gptq_quantize(w.m, c.spec(), r.gptq_factor(gram.data(), c.K, s, 0.01, false), gopt, given);
+    r.gptq_quantize(w.m, c.spec(), r.gptq_factor(gram_view(gram, c.K), s, 0.01, false), gopt, given);
     QuantResult a = given, x = given;
     const LearnedRoundingStats sa = r.learned_rounding(w.m, c.spec(), gram.data(), s, opt, a);
     const LearnedRoundingStats sx = g.learned_rounding(w.m, c.spec(), gram.data(), s, opt, x);

@@ -85,9 +85,9 @@ class CpuBackend final : public CpuCommon {
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
     kernels::clip_quantize_gram(w, spec, gram.f64(), gram_block, inv_s, opt, out);
   }
-  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
-                         bool act_order) override {
-    return gptq_factor_fast(gram, K, inv_s, percdamp, act_order);
+  GptqFactor gptq_factor(const Tensor& gram, const float* inv_s, double percdamp, bool act_order) override {
+    return gptq_factor_fast(host_f64(gram, "gptq_factor"), square_order(gram, "gptq_factor"), inv_s, percdamp,
+                            act_order);
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {
@@ -132,9 +132,9 @@ class ReferenceBackend final : public CpuCommon {
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
     clip_quantize_gram_ref(w, spec, gram.f64(), gram_block, inv_s, opt, out);
   }
-  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
-                         bool act_order) override {
-    return gptq_factor_ref(gram, K, inv_s, percdamp, act_order);
+  GptqFactor gptq_factor(const Tensor& gram, const float* inv_s, double percdamp, bool act_order) override {
+    return gptq_factor_ref(host_f64(gram, "gptq_factor"), square_order(gram, "gptq_factor"), inv_s, percdamp,
+                           act_order);
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {

@@ -189,7 +189,10 @@ class CudaBackend final : public Backend {
   struct GptqArrays;
   struct GptqSweep;
   GptqArrays gptq_arrays(const GptqFactor& f);
-  void gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s, double damp, double* h);
+  // H in sweep order from the Gram matrix: host rows through a staging panel, or `resident` (this backend's,
+  // read in place).
+  void gptq_hessian(const double* gram, int64_t K, bool resident, const GptqArrays& arr, const float* inv_s,
+                    double damp, double* h);
   void upper_in_place(double* a, int64_t K);
   int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;
   // The sweep's column panels; their results go into `kept_result` where it is given (it becomes out.kept).

@@ -187,13 +187,14 @@ def _native_pair(nibble, src, npz, tmp_path, flags):
 NATIVE_RUNS = {"awq_lite": ("--algo", "awq_lite", "--layer_by_layer", "off"),
                "awq_lite_layers": ("--algo", "awq_lite", "--layer_by_layer", "on"),
                "awq_clip": ("--algo", "awq_clip"), "awq_full": ("--algo", "awq_full"),
-               "mixed": ("--algo", "awq_lite", "--mixed_strategy", "sensitivity", "--layer_by_layer", "off")}
+               "mixed": ("--algo", "awq_lite", "--mixed_strategy", "sensitivity", "--layer_by_layer", "off"),
+               "gptq": ("--algo", "gptq"), "awq_gptq": ("--algo", "awq_gptq")}
 
 
 @pytest.mark.parametrize("run", list(NATIVE_RUNS))
 def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model, engine_calib, tmp_path, run):
     """The layer engine's statistics accumulate on the device and the searches read them there (AWQ's factor
-    and loss, the clip search, the sensitivity losses): each activation's counted rows go up once (the forward
+    and loss, the clip search, the sensitivity losses, GPTQ's factor): each activation's counted rows go up once (the forward
     pass still runs on the host), no Gram matrix crosses the bus either way, only Σ|x| comes back, and the
     output is the CPU's byte for byte. Before, each Gram matrix went up for the search (awq_lite: W + Σ K² · 4
     bytes at least)."""

@@ -192,7 +192,8 @@ NATIVE_RUNS = {"awq_lite": ("--algo", "awq_lite", "--layer_by_layer", "off"),
 
 
 @pytest.mark.parametrize("run", list(NATIVE_RUNS))
-def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model, engine_calib, tmp_path, run):
+def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model, deep_model, engine_calib, tmp_path,
+                                                            run):
     """The layer engine's statistics accumulate on the device and the searches read them there (AWQ's factor
     and loss, the clip search, the sensitivity losses, GPTQ's factor): each activation's counted rows go up once (the forward
     pass still runs on the host), no Gram matrix crosses the bus either way, only Σ|x| comes back, and the
@@ -222,6 +223,10 @@ def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model
     assert ops["download"]["d2h_bytes"] == 8 * sum(acts.values())
     assert d["d2h_bytes"] - ops["download"]["d2h_bytes"] <= 1.11 * r["summary"]["bytes_quantized_out"]
     check_on_host(d)
+    if run == "awq_lite_layers":  # a group's statistics come from the pool: twice as deep, no more allocations
+        deep = _native_pair(nibble, deep_model, npz, tmp_path / "deep", NATIVE_RUNS[run])
+        assert len(deep["weights"]) > len(r["weights"])
+        assert deep["summary"]["device"]["allocations"] == d["allocations"]
 
 
 def test_awq_clip_moves_each_weight_and_each_activations_gram_blocks_once(nibble, ledger_model, deep_model,

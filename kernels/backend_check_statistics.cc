@@ -94,7 +94,8 @@ std::string check_finite(Backend& r, Backend& g, const Case& c, const check::Wei
     if (bad != 0.0) v[size_t(c.K * c.K - 2)] = bad;  // in the last chunk of a device's flags
     const Tensor t = host_view(DType::kFloat64, {int64_t(v.size())}, v.data());
     const bool want = r.all_finite(t), got = g.all_finite(g.upload(t));
-    if (want != (bad == 0.0) || got != want) return "all_finite with " + std::to_string(bad) + ": " + std::to_string(got);
+    if (want != (bad == 0.0) || got != want)
+      return "all_finite with " + std::to_string(bad) + ": " + std::to_string(got);
   }
   return {};
 }

@@ -1,6 +1,6 @@
 // The CPU backend (fast kernels) and the reference backend (scalar `*_ref` kernels): they differ in
-// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the Gram clip search, GPTQ, learned rounding and
-// the activation statistics' products (threads, OpenBLAS).
+// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the
+// Gram clip search, GPTQ, learned rounding and the activation statistics' products (threads, OpenBLAS).
 #include "kernels/cpu/cpu_backend.h"
 
 #include <stdexcept>

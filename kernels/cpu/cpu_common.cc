@@ -53,14 +53,16 @@ const double* host_f64(const Tensor& t, const char* op) {
   return t.f64();
 }
 int64_t square_order(const Tensor& t, const char* op) {
-  if (t.shape.size() != 2 || t.shape[0] != t.shape[1]) throw std::invalid_argument(std::string(op) + ": a K x K matrix");
+  if (t.shape.size() != 2 || t.shape[0] != t.shape[1])
+    throw std::invalid_argument(std::string(op) + ": a K x K matrix");
   return t.shape[0];
 }
 std::vector<float> CpuCommon::channel_energy(const Tensor& gram, const float* s) {
   return kernels::channel_energy(host_f64(gram, "channel_energy"), square_order(gram, "channel_energy"), s);
 }
 Tensor CpuCommon::unpack_gram(const Tensor& packed, int64_t K) {
-  if (packed.elements() != packed_row(K, K)) throw std::invalid_argument("unpack_gram: not a packed triangle of order K");
+  if (packed.elements() != packed_row(K, K))
+    throw std::invalid_argument("unpack_gram: not a packed triangle of order K");
   return host_tensor(DType::kFloat64, {K, K}, unpack_gram_ref(host_f64(packed, "unpack_gram"), K));
 }
 Tensor CpuCommon::gram_to_f32(const Tensor& gram) {

@@ -79,7 +79,10 @@ void CudaBackend::accumulate_statistics(const Tensor& x, ActivationSums& s) {
   }
   const OpScope op(*dev_, "accumulate_statistics");
   double products = 0;
-  for (int64_t b = 0; B && b < num_blocks(K, B); ++b) products += double(std::min(B, K - b * B)) * double(std::min(B, K - b * B) + 1);
+  for (int64_t b = 0; B && b < num_blocks(K, B); ++b) {
+    const double w = double(std::min(B, K - b * B));
+    products += w * (w + 1);
+  }
   dev_->count_flops(double(n) * double(K) + double(n) * (B ? products : double(K) * double(K + 1)));
   DeviceBuffer<float> tmp;
   const float* X = reinterpret_cast<const float*>(kept(x.buffer));
@@ -97,7 +100,8 @@ void CudaBackend::accumulate_statistics(const Tensor& x, ActivationSums& s) {
 }
 
 Tensor CudaBackend::unpack_gram(const Tensor& packed, int64_t K) {
-  if (packed.elements() != packed_row(K, K)) throw std::invalid_argument("unpack_gram: not a packed triangle of order K");
+  if (packed.elements() != packed_row(K, K))
+    throw std::invalid_argument("unpack_gram: not a packed triangle of order K");
   const DeviceArray* a = mine(packed.buffer);
   if (!a || dev_->in_use_live() + uint64_t(K) * uint64_t(K) * 8 + kSlack > dev_->budget() / 2) {
     // On the host, or beyond the budget beside it: unfolded on the host (what a device cannot hold).

@@ -233,7 +233,8 @@ GramFactor CudaBackend::gram_cholesky_upper(const Tensor& gram) {
     throw std::invalid_argument("gram_cholesky_upper: a float64 K x K matrix");
   const int64_t K = gram.shape[0];
   const auto* resident = reinterpret_cast<const double*>(kept(gram.buffer));
-  if (!resident && !gram.data) throw std::invalid_argument("gram_cholesky_upper: a Gram matrix held by another backend");
+  if (!resident && !gram.data)
+    throw std::invalid_argument("gram_cholesky_upper: a Gram matrix held by another backend");
   DeviceBuffer<float> g32;
   DeviceBuffer<float> u = cholesky_on_device(resident ? resident : gram.f64(), K, resident != nullptr, &g32);
   GramFactor f;

@@ -325,14 +325,19 @@ void Calibration::advance(const CalibrationOptions& o, const std::string& model_
 
 void unpack_gram(MeasuredActivation& m) {
   if (!m.packed) return;
-  const int64_t K = m.K;
-  std::vector<double> whole(size_t(K * K));
-  for (int64_t i = 0; i < K; ++i) {
-    const double* row = m.gram.data() + packed_row(i, K) - i;  // row[j] is (i, j) for j >= i
-    for (int64_t j = i; j < K; ++j) whole[size_t(i * K + j)] = whole[size_t(j * K + i)] = row[j];
-  }
-  m.gram = std::move(whole);
+  m.gram = m.backend->unpack_gram(m.gram, m.K);  // the packed triangle goes with its last handle
   m.packed = false;
+}
+
+const double* host_gram(MeasuredActivation& m) {
+  unpack_gram(m);
+  if (m.gram.data) return m.gram.f64();
+  if (m.host_gram.empty()) {  // a search that reads host memory, of a Gram the device holds: it comes back once
+    const std::vector<uint8_t> raw = m.backend->download(m.gram);
+    m.host_gram.resize(raw.size() / 8);
+    std::memcpy(m.host_gram.data(), raw.data(), raw.size());
+  }
+  return m.host_gram.data();
 }
 
 std::unique_ptr<Calibration> Calibration::from_measured(std::map<std::string, MeasuredActivation> measured,
@@ -405,11 +410,21 @@ const MappedFile& Calibration::gram_map(const Entry& e) {
 const double* Calibration::gram_as_kept(const std::string& activation, int64_t K, int64_t* block) {
   const Entry& e = entry(activation, K);
   *block = e.gram_block;
+  if (e.measured) return host_gram(*e.measured);
+  return reinterpret_cast<const double*>(gram_map(e).data());
+}
+
+kernels::Tensor Calibration::gram_tensor(const std::string& activation, int64_t K, int64_t* block) {
+  const Entry& e = entry(activation, K);
+  const int64_t B = e.gram_block;
+  if (B && !block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
+  if (block) *block = B;
   if (e.measured) {
     unpack_gram(*e.measured);
-    return e.measured->gram.data();
+    return e.measured->gram;
   }
-  return reinterpret_cast<const double*>(gram_map(e).data());
+  return B ? kernels::host_view(DType::kFloat64, {kernels::num_blocks(K, B), B, B}, gram_map(e).data())
+           : kernels::host_view(DType::kFloat64, {K, K}, gram_map(e).data());
 }
 
 void Calibration::release_gram(const std::string& activation) {
@@ -439,8 +454,8 @@ std::vector<float> Calibration::gram_f32(const std::string& activation) {
   const Entry& e = entries_.at(activation);
   if (e.gram_block) throw Error("calibration of '" + activation + "' kept only the Gram matrix's diagonal blocks");
   if (e.measured) {
-    unpack_gram(*e.measured);
-    return std::vector<float>(e.measured->gram.begin(), e.measured->gram.end());
+    const double* g = host_gram(*e.measured);
+    return std::vector<float>(g, g + e.K * e.K);
   }
   const MappedFile& gram = gram_map(e);
   const double* g = reinterpret_cast<const double*>(gram.data());
@@ -461,7 +476,7 @@ ActivationStats Calibration::stats(const std::string& activation, bool numpy_mea
       throw Error("the layer engine keeps no numpy mean of activation '" + activation +
                   "' (ModelOpt's statistics come from ONNX Runtime: --calibration_engine ort)");
     unpack_gram(*e.measured);
-    s.gram = e.measured->gram.data();
+    s.gram = e.measured->gram.f64();  // null where only the backend holds it: gram_tensor
     e.x_mean.resize(size_t(e.K));
     for (int64_t k = 0; k < e.K; ++k)
       e.x_mean[size_t(k)] = float(e.measured->sum_abs[size_t(k)] / double(std::max<int64_t>(e.rows, 1)));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "loaders/external_data.h"
 
 namespace nibble {
@@ -52,7 +53,9 @@ struct ActivationStats {
   int64_t K = 0;
   int64_t rows = 0;               // tokens counted in gram
   const float* x_mean = nullptr;  // mean |x| per channel (float32)
-  const double* gram = nullptr;   // XᵀX, K*K row-major
+  // XᵀX, K*K row-major, in host memory; null where only the backend holds it (the layer engine's on a
+  // device: Calibration::gram_tensor).
+  const double* gram = nullptr;
 };
 
 // What awq_clip asks calibration for besides (host/awq_clip.h): sample_tokens > 0 also keeps
@@ -76,19 +79,29 @@ struct CalibrationExtras {
 };
 
 // What the layer engine measured for one activation, held in memory (no file): the counted rows, Σ|x| per
-// channel (float64) and XᵀX (each batch's product in float32, summed in float64), whole or its diagonal blocks.
-// A whole XᵀX is kept as its upper triangle, row after row (K(K+1)/2 values: `packed`), until the search
-// first reads it: layer by layer, the next group is measured while this one is searched, and its Grams
+// channel (float64, on the host: the search's mean |x| is host arithmetic) and XᵀX (each batch's product in
+// float32, summed in float64), whole or its diagonal blocks, where the run's backend accumulated it (`gram`:
+// a device's buffer, read there by the searches that take tensors; host memory on the CPU, where nothing
+// moves). A whole XᵀX is kept as its upper triangle, row after row (K(K+1)/2 values: `packed`), until the
+// search first reads it: layer by layer, the next group is measured while this one is searched, and its Grams
 // (1.37 GB of float64 per 7B layer when whole) wait at half the size.
 struct MeasuredActivation {
   int64_t K = 0, rows = 0, gram_block = 0;
-  std::vector<double> gram, sum_abs;
+  std::vector<double> sum_abs;
+  kernels::Tensor gram;
   bool packed = false;
+  kernels::Backend* backend = nullptr;  // the one that holds `gram`
+  // The host copy of a Gram only the backend holds, for a search that reads host memory (made once, at
+  // its first such read).
+  std::vector<double> host_gram;
 };
-// The offset of row i's first kept element (i, i) in a packed upper triangle of order K.
-inline int64_t packed_row(int64_t i, int64_t K) { return i * (2 * K - i + 1) / 2; }
-// A packed XᵀX unfolded into the whole K x K matrix (both triangles), in place; nothing where it is whole.
+using kernels::packed_row;
+// A packed XᵀX unfolded into the whole K x K matrix (both triangles), in place, by the backend that holds it
+// (the result stays there); nothing where it is whole.
 void unpack_gram(MeasuredActivation& m);
+// The Gram's values in host memory: its own where the backend keeps it there, else the host copy
+// (downloaded at the first call). Unpacks first.
+const double* host_gram(MeasuredActivation& m);
 
 class Calibration {
  public:
@@ -113,6 +126,10 @@ class Calibration {
   // Statistics of one activation (x_mean is ModelOpt's numpy mean |x| when `numpy_mean`, else
   // sum|x| / rows over the counted rows).
   ActivationStats stats(const std::string& activation, bool numpy_mean);
+  // The float64 Gram matrix as a tensor: where the layer engine left it (on the run's backend, unpacked
+  // there), else a view of the host's file. Whole [K, K] (*block = 0), or where calibration kept only its
+  // diagonal blocks [ceil(K/B), B, B] (*block = B; without `block` that is an Error).
+  kernels::Tensor gram_tensor(const std::string& activation, int64_t K, int64_t* block = nullptr);
   // The activation's Gram matrix as float32 (what the loss GEMMs take); its float64 pages are dropped
   // from memory afterwards (read again from the file if asked again), so only the activation being
   // searched is resident.

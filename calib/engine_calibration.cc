@@ -29,11 +29,12 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 
 // An inf/nan statistic makes every AWQ/clip loss non-finite: the search could only guess.
+// XᵀX is checked where it was accumulated (one flag per chunk comes back from a device).
 void check_finite(const std::map<std::string, MeasuredActivation>& measured, const std::string& model_path) {
   for (const auto& [name, m] : measured) {
     bool finite = true;
     for (double d : m.sum_abs) finite = finite && std::isfinite(d);
-    for (double d : m.gram) finite = finite && std::isfinite(d);
+    finite = finite && m.backend->all_finite(m.gram);
     if (!finite)
       throw Error(model_path + ": activation '" + name + "' takes non-finite values (inf/nan) on the calibration "
                   "data, so its statistics cannot guide the search");
@@ -54,8 +55,9 @@ std::string layer_engine_cannot_run(const std::string& model_path) {
   return first_unsupported(forward::GraphRun(*model));
 }
 
-EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::string& model_path)
-    : options_(o), quiet_(o.quiet) {
+EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::string& model_path,
+                                     kernels::Backend& statistics)
+    : options_(o), statistics_(&statistics), quiet_(o.quiet) {
   options_.layer_engine = nullptr;
   model_ = OnnxModel::load(model_path);
   graph_ = std::make_unique<forward::GraphRun>(*model_);
@@ -161,7 +163,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
     first = std::min(first, p);
     end = std::max(end, p == graph_->nodes() ? size_t(0) : p + 1);
     names.insert(a.name);
-    accs.emplace(a.name, ActivationAccumulator(a.K, extras.gram_block));
+    accs.emplace(a.name, ActivationAccumulator(*statistics_, a.K, extras.gram_block));
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto last_log = t0;

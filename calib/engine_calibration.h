@@ -13,6 +13,7 @@
 
 #include "calib/calibration.h"
 #include "forward/graph_run.h"
+#include "kernels/backend.h"
 #include "loaders/onnx_model.h"
 
 namespace nibble {
@@ -25,7 +26,9 @@ class EngineCalibration {
  public:
   // Opens the model (the calibration feeds are written by capture.py at the first request). Throws Error,
   // one line, where the engine cannot run the model (it names the first operator it does not know).
-  EngineCalibration(const CalibrationOptions& o, const std::string& model_path);
+  // `statistics`: the backend the run's search uses, where the statistics accumulate and stay (it must
+  // outlive every Calibration this engine measures; a device's takes one caller at a time).
+  EngineCalibration(const CalibrationOptions& o, const std::string& model_path, kernels::Backend& statistics);
   ~EngineCalibration();
   EngineCalibration(const EngineCalibration&) = delete;
   EngineCalibration& operator=(const EngineCalibration&) = delete;
@@ -63,6 +66,7 @@ class EngineCalibration {
     bool has_group_start = false;
   };
   CalibrationOptions options_;
+  kernels::Backend* statistics_;
   std::unique_ptr<OnnxModel> model_;
   std::unique_ptr<forward::GraphRun> graph_;
   std::string feeds_dir_;

@@ -19,8 +19,9 @@ namespace nibble::kernels {
 // What the AWQ loss reads of one activation: XᵀX (float32 [K, K] row-major) over `rows` tokens and,
 // optionally, its Cholesky factor U (XᵀX = UᵀU, upper triangle row-major, gram_cholesky_upper): with U
 // the loss is ‖U D‖², one triangular product instead of a GEMM. Each is a tensor: host data, the
-// backend's copy (Backend::upload, or left there by gram_cholesky_upper), or both. `gram`'s host data
-// is always given (its diagonal weighs the clip choices).
+// backend's copy (Backend::upload, or left there by gram_cholesky_upper or gram_to_f32), or both. `gram`
+// is always given (its diagonal weighs the clip choices): host data, or a device's copy alone where the
+// statistics were accumulated there (the CPU reads host data only).
 struct GramForm {
   int64_t K = 0;
   int64_t rows = 0;
@@ -38,6 +39,31 @@ struct GramFactor {
   Tensor gram;
   bool ok() const { return !upper.empty(); }
 };
+
+// An activation's statistics as accumulate_statistics folds its batches in, held where the backend that
+// accumulates them keeps them (host memory on the CPU; a device's buffer, or host memory where its budget
+// cannot hold them): the counted rows, Σ|x| per channel (float64 [K]) and XᵀX in float64, whole as its
+// upper triangle packed row after row ([K(K+1)/2], gram_block = 0; packed_row) or only its diagonal blocks
+// ([G, B, B], gram_block = B, both triangles, zero where the last block is partial). Empty tensors until
+// the first batch.
+struct ActivationSums {
+  int64_t K = 0, gram_block = 0, rows = 0;
+  Tensor sum_abs, gram;
+};
+
+// accumulate_statistics' order, part of its definition (the float32 products' bits depend on their shapes):
+// XᵀX in products of at most this many rows, each in column panels this wide starting at multiples of it
+// (a panel's rows above its diagonal block by sgemm, the block by ssyrk); a panel depends on K alone, so the
+// sums depend neither on the thread count nor on the backend's memory.
+constexpr int64_t kStatisticsRowsPerProduct = 2048;
+constexpr int64_t kStatisticsPanelColumns = 128;
+
+// The offset of row i's first kept element (i, i) in a packed upper triangle of order K.
+inline int64_t packed_row(int64_t i, int64_t K) { return i * (2 * K - i + 1) / 2; }
+// The float64 values of an ActivationSums' XᵀX: the packed triangle, or the diagonal blocks.
+inline int64_t statistics_gram_values(int64_t K, int64_t gram_block) {
+  return gram_block ? num_blocks(K, gram_block) * gram_block * gram_block : packed_row(K, K);
+}
 
 // The Gram-form clip search's losses are float products E = G_g·D over tiles of this many output
 // columns (starting at multiples of it): part of the operation's definition, since BLAS sums a product

@@ -29,13 +29,15 @@ std::vector<Case> select(const std::vector<Case>& cs, const std::function<bool(c
 
 std::vector<float> to_float(const std::vector<double>& g) { return std::vector<float>(g.begin(), g.end()); }
 
+Tensor gram_view(const std::vector<double>& g, int64_t K) { return host_view(DType::kFloat64, {K, K}, g.data()); }
+
 // The loss checks: the Gram form and the factor form, plain and with clip ratios, two scale vectors.
 std::string check_losses(Backend& r, Backend& g, const Case& c, const check::Weight& w) {
   const auto gram = check::gram(300, c.K, 21);
   const auto g32 = to_float(gram);
   const Tensor g32t = host_view(DType::kFloat32, {c.K, c.K}, g32.data());
   // U from the reference (host memory, which a device uploads), and U as the backend itself left it.
-  const GramFactor ur = r.gram_cholesky_upper(gram.data(), c.K), ug = g.gram_cholesky_upper(gram.data(), c.K);
+  const GramFactor ur = r.gram_cholesky_upper(gram_view(gram, c.K)), ug = g.gram_cholesky_upper(gram_view(gram, c.K));
   const auto s1 = check::positive(c.K, 0.5f, 2.0f, 5), s2 = check::positive(c.K, 0.8f, 1.25f, 6);
   const std::vector<float> ratios{1.0f, 0.9f, 0.8f};
   for (int form_kind : {0, 1, 2})
@@ -64,13 +66,14 @@ std::string check_clip_gram(Backend& r, Backend& g, const Case& c, const check::
   const auto inv_s = check::positive(K, 0.5f, 2.0f, 8);
   for (int64_t gb : {int64_t(0), B})
     for (bool scaled : {false, true})
-      for (bool both : {false, true}) {
-        const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f}, both};
+      for (int both_up = 0; both_up < 3; ++both_up) {  // both signs or not; both, G on the backend (read there)
+        const GramClipOptions opt{{1.0f, 0.9f, 0.8f, 0.7f}, both_up > 0};
         const Tensor gm = gb ? host_view(DType::kFloat64, {G, B, B}, blocks.data())
                              : host_view(DType::kFloat64, {K, K}, gram.data());
         QuantResult a, x;
         r.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, a);
-        g.clip_quantize_gram(w.m, c.spec(), gm, gb, scaled ? inv_s.data() : nullptr, opt, x);
+        g.clip_quantize_gram(w.m, c.spec(), both_up == 2 ? g.upload(gm) : gm, gb, scaled ? inv_s.data() : nullptr, opt,
+                             x);
         for (const std::string& e : {same(a.codes, x.codes, "codes"), same(a.scales, x.scales, "scales"),
                                      same(a.zero_points, x.zero_points, "zero points")})
           if (!e.empty()) return e;
@@ -129,16 +132,19 @@ std::string check_gptq(Backend& r, Backend& g, const Case& c, const check::Weigh
   GptqOptions opt;
   opt.ratios = {1.0f, 0.9f, 0.8f};
   for (bool act_order : {false, true}) {
-    const GptqFactor fr = r.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
-    const GptqFactor fg = g.gptq_factor(gram.data(), c.K, act_order ? inv_s.data() : nullptr, 0.01, act_order);
-    if (fr.perm != fg.perm) return "sweep order differs";
-    if (fr.damp != fg.damp || fr.dead != fg.dead) return "dampening or dead channels differ";
+    const GptqFactor fr = r.gptq_factor(gram_view(gram, c.K), act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    const GptqFactor fg = g.gptq_factor(gram_view(gram, c.K), act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    // G already on the backend (the layer engine's statistics) is read in place.
+    const GptqFactor fu =
+        g.gptq_factor(g.upload(gram_view(gram, c.K)), act_order ? inv_s.data() : nullptr, 0.01, act_order);
+    if (fr.perm != fg.perm || fu.perm != fg.perm) return "sweep order differs";
+    if (fr.damp != fg.damp || fr.dead != fg.dead || fu.damp != fg.damp) return "dampening or dead channels differ";
     QuantResult a;
     r.gptq_quantize(w.m, c.spec(), fr, opt, a);
-    for (const GptqFactor* f : {&fg, &fr}) {
+    for (const GptqFactor* f : {&fg, &fr, &fu}) {
       QuantResult x;
       g.gptq_quantize(w.m, c.spec(), *f, opt, x);
-      const std::string whose = f == &fg ? "own factor: " : "reference's factor: ";
+      const std::string whose = f == &fg ? "own factor: " : f == &fr ? "reference's factor: " : "uploaded G's factor: ";
       size_t differ = 0;
       for (size_t i = 0; i < a.codes.size(); ++i) differ += a.codes[i] != x.codes[i];
       if (differ > a.codes.size() / 500) return whose + std::to_string(differ) + " codes differ (bound 1 in 500)";
@@ -160,7 +166,7 @@ std::string check_learned(Backend& r, Backend& g, const Case& c, const check::We
   opt.lr = 0.04;
   for (const float* s : {static_cast<const float*>(nullptr), inv_s.data()}) {
     QuantResult given;
-    r.gptq_quantize(w.m, c.spec(), r.gptq_factor(gram.data(), c.K, s, 0.01, false), gopt, given);
+    r.gptq_quantize(w.m, c.spec(), r.gptq_factor(gram_view(gram, c.K), s, 0.01, false), gopt, given);
     QuantResult a = given, x = given;
     const LearnedRoundingStats sa = r.learned_rounding(w.m, c.spec(), gram.data(), s, opt, a);
     const LearnedRoundingStats sx = g.learned_rounding(w.m, c.spec(), gram.data(), s, opt, x);
@@ -198,9 +204,12 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
   out.push_back(run("gram_cholesky_upper", ref, b, one, [](Backend&, Backend& g, const Case& c, const check::Weight&) {
     const int64_t K = c.K;
     const auto gram = check::gram(300, K, 3);
-    const GramFactor f = g.gram_cholesky_upper(gram.data(), K);
+    const GramFactor f = g.gram_cholesky_upper(gram_view(gram, K));
     if (!f.ok() || f.upper.elements() != K * K) return std::string("no factor");
     const std::vector<uint8_t> bytes = g.download(f.upper);
+    // G already on the backend (the layer engine's statistics) is read in place: the same factor.
+    const GramFactor fr = g.gram_cholesky_upper(g.upload(gram_view(gram, K)));
+    if (!fr.ok() || g.download(fr.upper) != bytes) return std::string("the factor of the uploaded G differs");
     std::vector<float> u(size_t(K * K));
     std::memcpy(u.data(), bytes.data(), u.size() * 4);
     double gmax = 0;
@@ -213,15 +222,17 @@ std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std
           return "UᵀU differs from G at " + std::to_string(i) + "," + std::to_string(j) + " (bound 2e-6 of max G_kk)";
       }
     std::vector<double> zero(size_t(K * K), 0.0);
-    return g.gram_cholesky_upper(zero.data(), K).ok() ? std::string("factor of a zero matrix") : std::string();
+    return g.gram_cholesky_upper(gram_view(zero, K)).ok() ? std::string("factor of a zero matrix") : std::string();
   }));
   out.push_back(run("channel_energy", ref, b, one, [](Backend& r, Backend& g, const Case& c, const check::Weight&) {
     const auto gram = check::gram(50, c.K, 4);
     const auto s = check::positive(c.K, 0.5f, 2.0f, 3);
-    for (const float* sp : {static_cast<const float*>(nullptr), s.data()})
-      if (auto e = same(r.channel_energy(gram.data(), c.K, sp), g.channel_energy(gram.data(), c.K, sp), "energy");
-          !e.empty())
-        return e;
+    const Tensor up = g.upload(gram_view(gram, c.K));  // read where it is, as the host's
+    for (const float* sp : {static_cast<const float*>(nullptr), s.data()}) {
+      const auto want = r.channel_energy(gram_view(gram, c.K), sp);
+      if (auto e = same(want, g.channel_energy(gram_view(gram, c.K), sp), "energy"); !e.empty()) return e;
+      if (auto e = same(want, g.channel_energy(up, sp), "energy of the uploaded G"); !e.empty()) return e;
+    }
     return std::string();
   }));
   out.push_back(run("awq_losses", ref, b, select(cs, [](const Case& c) { return c.K == 200; }), check_losses));

@@ -14,15 +14,17 @@ namespace nibble::kernels {
 
 // Fills f.K, f.energy, f.dead and f.perm from a float64 Gram matrix (K x K row-major) scaled by inv_s on
 // both sides (null: 1); returns diag(H) in sweep order: a dead channel's is 1 (it is decoupled).
+// `stride`: between two diagonal elements in `gram` (K + 1 in the matrix; 1 for its diagonal alone).
 inline std::vector<double> gptq_channels(const double* gram, int64_t K, const float* inv_s, bool act_order,
-                                         GptqFactor& f) {
+                                         GptqFactor& f, int64_t stride = -1) {
+  if (stride < 0) stride = K + 1;
   f.K = K;
   f.energy.assign(size_t(K), 0.0f);
   f.dead.assign(size_t(K), 0);
   std::vector<double> d(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k) {
     const double s = inv_s ? double(inv_s[k]) : 1.0;
-    d[size_t(k)] = gram[k * K + k] * s * s;
+    d[size_t(k)] = gram[k * stride] * s * s;
     f.energy[size_t(k)] = float(d[size_t(k)]);
     f.dead[size_t(k)] = !(d[size_t(k)] > 0);
   }

@@ -95,8 +95,7 @@ void quantize_awq_scaled(const QuantizeOptions& o, const PlannedWeight& pw, cons
   }
   // nibble: each block picks its clip ratio by the activation-weighted error, the weight of input
   // channel k being diag(XᵀX)[k] / s[k]^2 (its energy after X ⊘ s).
-  const ActivationStats st = calib.stats(pw.activation, false);
-  const std::vector<float> energy = backend.channel_energy(st.gram, st.K, s.data());
+  const std::vector<float> energy = backend.channel_energy(calib.gram_tensor(pw.activation, pw.K()), s.data());
   backend.rtn_weighted(w, spec, energy.data(), block_clip_ratios(), q);
 }
 

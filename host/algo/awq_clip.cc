@@ -36,10 +36,11 @@ GramClipSearch::GramClipSearch(const QuantizeOptions& o, Calibration& calib, ker
 
 void GramClipSearch::quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
                               const std::vector<float>* awq_scale, kernels::QuantResult& q) {
-  // The Gram matrix (or its block-diagonal) as calibration kept it, its pages dropped after each
-  // weight: the calibration state resident at a time is one activation's.
+  // The Gram matrix (or its block-diagonal) as calibration kept it (the layer engine's: on the backend, read
+  // there), a file's pages dropped after each weight: the calibration state resident at a time is one
+  // activation's.
   int64_t block = 0;
-  const double* gram = calib_.gram_as_kept(pw.activation, pw.K(), &block);
+  kernels::Tensor g = calib_.gram_tensor(pw.activation, pw.K(), &block);
   if (block && block != spec.block)
     throw Error("calibration of '" + pw.activation + "' kept Gram blocks of " + std::to_string(block) +
                 ", the weight's block is " + std::to_string(spec.block));
@@ -52,9 +53,6 @@ void GramClipSearch::quantize(const PlannedWeight& pw, const kernels::WeightMatr
   const auto grid = clip_ratio_grid(o_.awqclip_alpha_step, o_.awqclip_alpha_min);
   for (auto it = grid.rbegin(); it != grid.rend(); ++it) opt.ratios.push_back(float(*it));  // 1.0 first
   opt.both_signs = true;  // measured: ppl 69.50 with, 71.28 without (bench/RESULTS.md)
-  const int64_t K = pw.K();
-  kernels::Tensor g = block ? kernels::host_view(DType::kFloat64, {kernels::num_blocks(K, block), block, block}, gram)
-                            : kernels::host_view(DType::kFloat64, {K, K}, gram);
   if (block) {  // the blocks go on the backend once for the sibling weights that read this activation
     if (pw.activation != blocks_of_) {
       blocks_.release();  // the last activation's, freed first

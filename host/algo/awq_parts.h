@@ -33,8 +33,21 @@ inline std::vector<const float*> pointers(const std::vector<std::vector<float>>&
   return p;
 }
 
+// The activation's float32 Gram matrix for the losses, from XᵀX where calibration keeps it (`g64`, its
+// gram_tensor): converted on the host into `host` where it is host memory (ONNX Runtime's file, the CPU's
+// statistics; the float64 pages are dropped afterwards), else made on the backend from its copy (the layer
+// engine's on a device: nothing crosses the bus, and the loss reads it there).
+inline kernels::Tensor gram_f32_for_loss(kernels::Backend& backend, Calibration& calib, const std::string& act,
+                                         const kernels::Tensor& g64, std::vector<float>& host) {
+  if (!g64.data) return backend.gram_to_f32(g64);
+  host = calib.gram_f32(act);
+  const int64_t K = g64.shape[0];
+  return kernels::host_view(DType::kFloat32, {K, K}, host.data());
+}
+
 // The Gram matrix of the activation as fp32 for sgemm, converted once per activation; in nibble mode
-// also its Cholesky factor (the loss then costs one triangular product, half a GEMM).
+// also its Cholesky factor (the loss then costs one triangular product, half a GEMM). Where the layer
+// engine left XᵀX on the backend, both are made there from it and nothing crosses the bus.
 class GramCache {
  public:
   GramCache(kernels::Backend& backend, bool cholesky) : backend_(backend), cholesky_(cholesky) {}
@@ -44,12 +57,14 @@ class GramCache {
     *stats = calib.stats(act, numpy_mean);
     if (act != name_) {
       form_ = {};  // the last activation's tensors, released before this one's are made
+      g32_.clear();
+      const kernels::Tensor g64 = calib.gram_tensor(act, stats->K);
       // Left where the backend computes it (a device keeps U for the sibling weights that read it).
-      kernels::GramFactor f = cholesky_ ? backend_.gram_cholesky_upper(stats->gram, stats->K) : kernels::GramFactor{};
+      kernels::GramFactor f = cholesky_ ? backend_.gram_cholesky_upper(g64) : kernels::GramFactor{};
       if (cholesky_ && !f.ok()) spdlog::debug("awq: {}: Gram matrix not factorisable, GEMM loss", act);
-      g32_ = calib.gram_f32(act);  // last: it drops the float64 pages the factorisation read
+      // Last: on the host it drops the float64 pages the factorisation read.
+      const kernels::Tensor g32 = gram_f32_for_loss(backend_, calib, act, g64, g32_);
       name_ = act;
-      const kernels::Tensor g32 = kernels::host_view(DType::kFloat32, {stats->K, stats->K}, g32_.data());
       // The GEMM form reads G itself: a device keeps it for the sibling weights too (what the failed
       // factorisation uploaded, when the backend kept it).
       form_ = kernels::GramForm{stats->K, stats->rows, g32, f.upper};
@@ -64,7 +79,7 @@ class GramCache {
   bool cholesky_;
   std::string name_;
   std::vector<float> g32_;
-  kernels::GramForm form_;  // g32_ (with the backend's copy where it keeps one) and U
+  kernels::GramForm form_;  // G (host g32_, the backend's copy, or both) and U
 };
 
 inline kernels::QuantSpec spec_of(const PlannedWeight& pw, const QuantizeOptions& o) {

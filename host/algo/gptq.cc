@@ -24,20 +24,21 @@ void GptqQuantizer::quantize(const PlannedWeight& pw, const kernels::WeightMatri
   if (pw.activation != activation_ || scale != scale_ || factor_.K != pw.K()) {
     const auto t0 = std::chrono::steady_clock::now();
     int64_t block = 0;
-    const double* gram = calib_.gram_as_kept(pw.activation, pw.K(), &block);
+    // Where calibration keeps it: the layer engine's on the backend is read there.
+    const kernels::Tensor gram = calib_.gram_tensor(pw.activation, pw.K(), &block);
     if (block) throw Error("GPTQ needs the whole XᵀX of '" + pw.activation + "'; calibration kept only its blocks");
     std::vector<float> inv(scale.size());
     for (size_t k = 0; k < inv.size(); ++k) inv[k] = 1.0f / scale[k];
     factor_ = kernels::GptqFactor{};  // the last activation's U (on a device: its memory) is no longer needed
     try {
-      factor_ = backend_.gptq_factor(gram, pw.K(), awq_scale ? inv.data() : nullptr, o_.gptq_percdamp,
-                                     o_.gptq_act_order);
+      factor_ = backend_.gptq_factor(gram, awq_scale ? inv.data() : nullptr, o_.gptq_percdamp, o_.gptq_act_order);
     } catch (const std::runtime_error& e) {
       throw Error("'" + pw.activation + "': " + e.what());
     }
     if (learned_ && !activation_.empty() && activation_ != pw.activation) calib_.release_gram(activation_);
     if (!learned_) calib_.release_gram(pw.activation);
-    gram_ = learned_ ? gram : nullptr;
+    // Learned rounding reads host memory (a device's statistics come back once for it).
+    gram_ = learned_ ? calib_.gram_as_kept(pw.activation, pw.K(), &block) : nullptr;
     inv_ = awq_scale ? inv : std::vector<float>{};
     activation_ = pw.activation;
     scale_ = scale;

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "host/algo/arithmetic.h"
+#include "host/algo/awq_parts.h"
 #include "host/formats.h"
 #include "host/graph/rewrite.h"
 #include "host/methods.h"
@@ -287,13 +288,14 @@ void measure_sensitivity(OnnxModel& model, const Plan& plan, Calibration& calib,
   e8->assign(plan.weights.size(), 0);
   for (const auto& [act, idx] : plan.siblings) {
     const ActivationStats st = calib.stats(act, /*numpy_mean=*/false);  // K and rows: either mean
-    const std::vector<float> g32 = calib.gram_f32(act);
-    // On a device: G goes up once for the sibling weights, each weight once (for its two losses here, the
-    // AWQ search before and the quantizer after, when `kept` holds it).
+    std::vector<float> g32;
+    // On a device: G goes up once for the sibling weights (or is made there from the layer engine's XᵀX),
+    // each weight once (for its two losses here, the AWQ search before and the quantizer after, when `kept`
+    // holds it).
     kernels::GramForm g;
     g.K = st.K;
     g.rows = st.rows;
-    g.gram = backend.upload(kernels::host_view(DType::kFloat32, {st.K, st.K}, g32.data()));
+    g.gram = backend.upload(awq_parts::gram_f32_for_loss(backend, calib, act, calib.gram_tensor(act, st.K), g32));
     for (size_t i : idx) {
       const PlannedWeight& pw = plan.weights[i];
       TensorView v = model.view(*model.initializer(pw.weight));

@@ -370,8 +370,11 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   // statistics are measured (by the calibration process, on a helper thread) while group g is searched and
   // written. Not with --threads 1 (two processes computing at once), nor where the statistics depend on the
   // quantized weights (--feed_quantized). The layer engine (--calibration_engine native) measures on the helper
-  // thread in this process, one request at a time.
-  const bool overlap = !o.feed_quantized && o.threads != 1 && calibrates_after_pick(o);
+  // thread in this process, one request at a time, its statistics accumulating on the run's backend: so not
+  // beside the search where that backend takes one caller at a time (a device: its streams, memory and
+  // ledger are its one caller's), which then measures each group before searching it.
+  const bool engine_shares_backend = o.calib.layer_engine && !backend.takes_concurrent_calls();
+  const bool overlap = !o.feed_quantized && o.threads != 1 && calibrates_after_pick(o) && !engine_shares_backend;
   PendingCalibration pending;
   for (size_t g = first; g < groups.size(); ++g) {
     std::function<void()> start_next;

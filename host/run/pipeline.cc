@@ -156,7 +156,7 @@ int run_quantize(const QuantizeOptions& given) {
   Planned planned = plan_stage(o, model);
   const LayerChoice layers = choose_layer_pass(o, planned);
   if (needs_calibration(o) && choose_calibration_engine(o) == CalibrationEngine::kNative)
-    o.calib.layer_engine = std::make_shared<EngineCalibration>(o.calib, o.onnx_path);
+    o.calib.layer_engine = std::make_shared<EngineCalibration>(o.calib, o.onnx_path, *backend);
   const auto& groups = layers.groups;
   secs.load = lap();
   Searched searched;

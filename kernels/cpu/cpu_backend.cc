@@ -1,6 +1,9 @@
 // The CPU backend (fast kernels) and the reference backend (scalar `*_ref` kernels): they differ in
-// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the Gram clip search, GPTQ and learned rounding (threads).
+// RTN, the weighted clip search, the per-block searches (rtn_lsq, hqq), the AWQ loss, the Cholesky factor, the
+// Gram clip search, GPTQ, learned rounding and the activation statistics' products (threads, OpenBLAS).
 #include "kernels/cpu/cpu_backend.h"
+
+#include <stdexcept>
 
 #include "kernels/cpu/awq_fast.h"
 #include "kernels/cpu/awq_ref.h"
@@ -16,6 +19,8 @@
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/cpu/search_fast.h"
 #include "kernels/cpu/search_ref.h"
+#include "kernels/cpu/statistics_fast.h"
+#include "kernels/cpu/statistics_ref.h"
 #include "kernels/parallel.h"
 
 namespace nibble::kernels {
@@ -26,6 +31,13 @@ GramFactor factor_of(std::vector<float>&& u, int64_t K) {
   GramFactor f;
   if (!u.empty()) f.upper = host_tensor(DType::kFloat32, {K, K}, std::move(u));
   return f;
+}
+
+// The rows accumulate_statistics reads: x as float32 [n, K] host memory.
+const float* activation_rows(const Tensor& x, const ActivationSums& s) {
+  if (x.dtype != DType::kFloat32 || x.shape.size() != 2 || x.shape[1] != s.K || (!x.data && x.shape[0] > 0))
+    throw std::invalid_argument("accumulate_statistics: x must be float32 [n, K] host memory");
+  return x.f32();
 }
 
 class CpuBackend final : public CpuCommon {
@@ -49,8 +61,12 @@ class CpuBackend final : public CpuCommon {
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     hqq_fast(w, spec, opt, out);
   }
-  GramFactor gram_cholesky_upper(const double* gram, int64_t K) override {
-    return factor_of(kernels::gram_cholesky_upper(gram, K), K);
+  GramFactor gram_cholesky_upper(const Tensor& gram) override {
+    const int64_t K = square_order(gram, "gram_cholesky_upper");
+    return factor_of(kernels::gram_cholesky_upper(host_f64(gram, "gram_cholesky_upper"), K), K);
+  }
+  void accumulate_statistics(const Tensor& x, ActivationSums& s) override {
+    accumulate_statistics_fast(activation_rows(x, s), x.shape[0], s);
   }
   std::vector<float> awq_weight_mean(const WeightMatrix& w, int64_t block, bool contiguous) override {
     return weight_mean_fast(w, block, contiguous);
@@ -69,9 +85,9 @@ class CpuBackend final : public CpuCommon {
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
     kernels::clip_quantize_gram(w, spec, gram.f64(), gram_block, inv_s, opt, out);
   }
-  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
-                         bool act_order) override {
-    return gptq_factor_fast(gram, K, inv_s, percdamp, act_order);
+  GptqFactor gptq_factor(const Tensor& gram, const float* inv_s, double percdamp, bool act_order) override {
+    return gptq_factor_fast(host_f64(gram, "gptq_factor"), square_order(gram, "gptq_factor"), inv_s, percdamp,
+                            act_order);
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {
@@ -98,8 +114,12 @@ class ReferenceBackend final : public CpuCommon {
   void hqq(const WeightMatrix& w, const QuantSpec& spec, const HqqOptions& opt, QuantResult& out) override {
     hqq_ref(w, spec, opt, out);
   }
-  GramFactor gram_cholesky_upper(const double* gram, int64_t K) override {
-    return factor_of(gram_cholesky_upper_ref(gram, K), K);
+  GramFactor gram_cholesky_upper(const Tensor& gram) override {
+    const int64_t K = square_order(gram, "gram_cholesky_upper");
+    return factor_of(gram_cholesky_upper_ref(host_f64(gram, "gram_cholesky_upper"), K), K);
+  }
+  void accumulate_statistics(const Tensor& x, ActivationSums& s) override {
+    accumulate_statistics_ref(activation_rows(x, s), x.shape[0], s);
   }
   std::vector<double> awq_losses(const WeightMatrix& w, const std::vector<const float*>& scales,
                                  const QuantSpec& spec, const GramForm& g,
@@ -112,9 +132,9 @@ class ReferenceBackend final : public CpuCommon {
                           const float* inv_s, const GramClipOptions& opt, QuantResult& out) override {
     clip_quantize_gram_ref(w, spec, gram.f64(), gram_block, inv_s, opt, out);
   }
-  GptqFactor gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
-                         bool act_order) override {
-    return gptq_factor_ref(gram, K, inv_s, percdamp, act_order);
+  GptqFactor gptq_factor(const Tensor& gram, const float* inv_s, double percdamp, bool act_order) override {
+    return gptq_factor_ref(host_f64(gram, "gptq_factor"), square_order(gram, "gptq_factor"), inv_s, percdamp,
+                           act_order);
   }
   void gptq_quantize(const WeightMatrix& w, const QuantSpec& spec, const GptqFactor& f, const GptqOptions& opt,
                      QuantResult& out) override {

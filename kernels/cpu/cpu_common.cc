@@ -6,6 +6,7 @@
 #include "kernels/cpu/clip_ref.h"
 #include "kernels/cpu/dequant_ref.h"
 #include "kernels/cpu/pack.h"
+#include "kernels/cpu/statistics_ref.h"
 
 namespace nibble::kernels {
 
@@ -47,9 +48,27 @@ std::vector<float> CpuCommon::mean_of(const std::vector<const std::vector<float>
   }
   return mean;
 }
-std::vector<float> CpuCommon::channel_energy(const double* gram, int64_t K, const float* s) {
-  return kernels::channel_energy(gram, K, s);
+const double* host_f64(const Tensor& t, const char* op) {
+  if (t.dtype != DType::kFloat64 || !t.data) throw std::invalid_argument(std::string(op) + ": a float64 host tensor");
+  return t.f64();
 }
+int64_t square_order(const Tensor& t, const char* op) {
+  if (t.shape.size() != 2 || t.shape[0] != t.shape[1])
+    throw std::invalid_argument(std::string(op) + ": a K x K matrix");
+  return t.shape[0];
+}
+std::vector<float> CpuCommon::channel_energy(const Tensor& gram, const float* s) {
+  return kernels::channel_energy(host_f64(gram, "channel_energy"), square_order(gram, "channel_energy"), s);
+}
+Tensor CpuCommon::unpack_gram(const Tensor& packed, int64_t K) {
+  if (packed.elements() != packed_row(K, K))
+    throw std::invalid_argument("unpack_gram: not a packed triangle of order K");
+  return host_tensor(DType::kFloat64, {K, K}, unpack_gram_ref(host_f64(packed, "unpack_gram"), K));
+}
+Tensor CpuCommon::gram_to_f32(const Tensor& gram) {
+  return host_tensor(DType::kFloat32, gram.shape, to_f32_ref(host_f64(gram, "gram_to_f32"), gram.elements()));
+}
+bool CpuCommon::all_finite(const Tensor& t) { return all_finite_ref(host_f64(t, "all_finite"), t.elements()); }
 std::vector<float> CpuCommon::clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x,
                                                    int64_t T, const std::vector<double>& ratios, int64_t bsz_col) {
   return kernels::clip_search_modelopt(w, spec, x, T, ratios, bsz_col);

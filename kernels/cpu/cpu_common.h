@@ -6,6 +6,12 @@
 
 namespace nibble::kernels {
 
+// A CPU tensor's host data as float64 (a Gram matrix, a statistic); throws std::invalid_argument naming `op`
+// when it has none (another backend's).
+const double* host_f64(const Tensor& t, const char* op);
+// K of a K x K matrix tensor (throws otherwise).
+int64_t square_order(const Tensor& t, const char* op);
+
 class CpuCommon : public Backend {
  public:
   // A CPU tensor is host memory: nothing moves, nothing is held.
@@ -22,7 +28,10 @@ class CpuCommon : public Backend {
   std::vector<float> awq_scale(const std::vector<float>& x_mean, const std::vector<float>& w_mean,
                                double alpha) override;
   std::vector<float> mean_of(const std::vector<const std::vector<float>*>& v) override;
-  std::vector<float> channel_energy(const double* gram, int64_t K, const float* s) override;
+  std::vector<float> channel_energy(const Tensor& gram, const float* s) override;
+  Tensor unpack_gram(const Tensor& packed, int64_t K) override;
+  Tensor gram_to_f32(const Tensor& gram) override;
+  bool all_finite(const Tensor& t) override;
   std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
                                           const std::vector<double>& ratios, int64_t bsz_col) override;
   std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;

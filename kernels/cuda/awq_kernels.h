@@ -210,6 +210,18 @@ struct ShiftDiagonalBody {
   double shift;
   NIBBLE_HD void operator()(int64_t k) const { a[k * K + k] += shift; }
 };
+// The largest diagonal element of a K x K matrix, by one thread in order (K values: the Cholesky shifts'
+// scale, as the host computes it; a NaN is skipped as std::max skips it).
+struct MaxDiagonalBody {
+  const double* a;
+  int64_t K;
+  double* out;
+  NIBBLE_HD void operator()(int64_t) const {
+    double m = 0;
+    for (int64_t k = 0; k < K; ++k) m = m < a[k * K + k] ? a[k * K + k] : m;
+    *out = m;
+  }
+};
 // Float32 values widened to float64 (exact): a float64 array that went up at half its bytes.
 struct WidenBody {
   const float* in;

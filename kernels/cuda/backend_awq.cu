@@ -100,7 +100,10 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   // Per scale: scaling, RTN and the difference (~16 flops an element), then ‖U D‖² (K² N multiply-adds
   // over the triangle) or Σ D ⊙ (G D) (2 K² N).
   dev_->count_flops(double(scales.size()) * double(K * N) * (16.0 + (g.has_upper() ? double(K) : 2.0 * double(K))));
-  if (g.K != K || !g.gram.data) throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
+  // G on the device alone (the layer engine's statistics): its diagonal is read there.
+  const float* gram_on_device = reinterpret_cast<const float*>(kept(g.gram.buffer));
+  if (g.K != K || (!g.gram.data && !gram_on_device))
+    throw std::invalid_argument("awq_losses: Gram matrix does not match the weight");
   // Per panel column: weight, W ⊙ s, codes, D and one row of Y per Gram row, params and errors, the
   // slice sums carried between Gram row panels.
   const uint64_t per_col = uint64_t(K) * (dtype_size(w.dtype) + 4 + 1 + 4) + uint64_t(G) * 13 + 8 + kColumnSlices * 8;
@@ -117,6 +120,8 @@ std::vector<double> CudaBackend::awq_losses(const WeightMatrix& w, const std::ve
   DeviceBuffer<float> diag(*dev_, size_t(K));
   if (!g.has_upper() && on_device)
     dev_->on_device_2d(diag.get(), 4, on_device, size_t(K + 1) * 4, 4, size_t(K));
+  else if (gram_on_device)
+    dev_->on_device_2d(diag.get(), 4, gram_on_device, size_t(K + 1) * 4, 4, size_t(K));
   else
     dev_->to_device_2d(diag.get(), 4, g.gram.f32(), size_t(K + 1) * 4, 4, size_t(K));
   int64_t gram_rows = K, width = 0;

@@ -1,6 +1,7 @@
 // The CUDA backend's GPTQ, the CPU fast kernel's algorithm (kernels/cpu/gptq_fast.cc) on the device:
 //  - gptq_factor: the float64 Gram matrix goes up once (in row panels, scattered into H in sweep order
-//    with its scaling, dead channels and dampening), dpotrf → dpotri → dpotrf through LinAlg, and U
+//    with its scaling, dead channels and dampening; the layer engine's, already on the device, is scattered
+//    from there and only its diagonal comes back), dpotrf → dpotri → dpotrf through LinAlg, and U
 //    stays on the device with the sweep's channel vectors (GptqFactor::upper's buffer), for every weight
 //    reading that activation. The O(K) bookkeeping (order, energies, dampening) is the host's, shared
 //    with the CPU (kernels/gptq_channels.h).
@@ -99,8 +100,13 @@ CudaBackend::GptqArrays CudaBackend::gptq_arrays(const GptqFactor& f) {
   return a;
 }
 
-void CudaBackend::gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s,
-                               double damp, double* h) {
+void CudaBackend::gptq_hessian(const double* gram, int64_t K, bool resident, const GptqArrays& arr,
+                               const float* inv_s, double damp, double* h) {
+  if (resident) {  // the layer engine's XᵀX, on the device: scattered into H in place
+    launch(*dev_, K * K, GptqHessianBody{gram, 0, K, arr.ch.pos, arr.ch.dead, inv_s, damp, h});
+    dev_->synchronize();
+    return;
+  }
   const int64_t rows = stage_rows(K);
   DeviceBuffer<double> stage(*dev_, size_t(rows * K));
   for (int64_t r0 = 0; r0 < K; r0 += rows) {
@@ -112,21 +118,36 @@ void CudaBackend::gptq_hessian(const double* gram, int64_t K, const GptqArrays& 
   dev_->synchronize();
 }
 
-GptqFactor CudaBackend::gptq_factor(const double* gram, int64_t K, const float* inv_s, double percdamp,
-                                    bool act_order) {
+GptqFactor CudaBackend::gptq_factor(const Tensor& gram_t, const float* inv_s, double percdamp, bool act_order) {
+  if (gram_t.dtype != DType::kFloat64 || gram_t.shape.size() != 2 || gram_t.shape[0] != gram_t.shape[1])
+    throw std::invalid_argument("gptq_factor: a float64 K x K matrix");
+  const int64_t K = gram_t.shape[0];
+  const auto* resident = reinterpret_cast<const double*>(kept(gram_t.buffer));
+  if (!resident && !gram_t.data) throw std::invalid_argument("gptq_factor: a Gram matrix held by another backend");
+  const double* gram = resident ? resident : gram_t.f64();
   const FactorLayout L(K, Placement::kMadeHere);
-  const uint64_t need = L.bytes + uint64_t(stage_rows(K) * K) * 8 + uint64_t(K) * 4 + kSlack;
-  if (dev_->in_use_live() + need > dev_->budget())
-    // H (float64) does not fit the budget: the CPU factors it, and gptq_quantize uploads that U for each
-    // weight it sweeps.
+  const uint64_t need = L.bytes + (resident ? 0 : uint64_t(stage_rows(K) * K) * 8) + uint64_t(K) * 4 + kSlack;
+  if (dev_->in_use_live() + need > dev_->budget()) {
+    // H (float64) does not fit the budget: the CPU factors it (a resident G comes back for it), and
+    // gptq_quantize uploads that U for each weight it sweeps.
+    std::vector<uint8_t> hbuf = resident ? download(gram_t) : std::vector<uint8_t>();
+    const Tensor gh = resident ? host_view(DType::kFloat64, {K, K}, hbuf.data()) : gram_t;
     return on_host("gptq_factor", [&](Backend& h) {
       dev_->count_flops(0, double(K) * double(K) * double(K));
-      return h.gptq_factor(gram, K, inv_s, percdamp, act_order);
+      return h.gptq_factor(gh, inv_s, percdamp, act_order);
     });
+  }
   const OpScope op(*dev_, "gptq_factor");
   dev_->count_flops(0, double(K) * double(K) * double(K));  // Cholesky, inverse, Cholesky: ~K³ in fp64
   GptqFactor f;
-  const std::vector<double> diag = gptq_channels(gram, K, inv_s, act_order, f);
+  std::vector<double> g_diag;  // a resident G's diagonal: K values come back for the host's bookkeeping
+  if (resident) {
+    g_diag.resize(size_t(K));
+    dev_->synchronize();
+    dev_->to_host_2d(g_diag.data(), 8, resident, size_t(K + 1) * 8, 8, size_t(K));
+  }
+  const std::vector<double> diag = resident ? gptq_channels(g_diag.data(), K, inv_s, act_order, f, 1)
+                                            : gptq_channels(gram, K, inv_s, act_order, f);
   const std::vector<int64_t> pos = gptq_positions(f);
   auto kept_f = std::make_shared<DeviceArray>();
   kept_f->owner = this;
@@ -146,7 +167,7 @@ GptqFactor CudaBackend::gptq_factor(const double* gram, int64_t K, const float* 
     f.damp = gptq_damp_of(diag, percdamp, attempt);
     // A retry (H not positive definite even so: rare) builds H again from the host's Gram matrix rather
     // than holding a second K² copy on the device for it.
-    gptq_hessian(gram, K, arr, inv_s ? is.get() : nullptr, f.damp, a);
+    gptq_hessian(gram, K, resident != nullptr, arr, inv_s ? is.get() : nullptr, f.damp, a);
     // H is symmetric, so row- and column-major read the same; LAPACK's lower triangle throughout.
     if (la().dpotrf(Fill::kLower, n, a, n) != 0) continue;
     if (la().dpotri(Fill::kLower, n, a, n) != 0) continue;  // H⁻¹, lower triangle

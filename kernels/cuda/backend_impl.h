@@ -5,7 +5,9 @@
 //
 // On the host, through `host_` (the threaded CPU backend), each entered in the transfer ledger as a
 // host fallback: awq_scale (K values; a GPU's powf is not libm's, and the codes depend on these bits);
-// and gptq_factor / gptq_quantize only when the budget cannot hold their K x K arrays (backend_gptq.cu).
+// and gptq_factor / gptq_quantize only when the budget cannot hold their K x K arrays (backend_gptq.cu); the
+// activation statistics (and unpack_gram, gram_to_f32) likewise where the budget cannot hold them
+// (backend_statistics.cu).
 #pragma once
 #include <memory>
 #include <string>
@@ -122,9 +124,16 @@ class CudaBackend final : public Backend {
   void upload_f64(double* dst, const double* src, size_t n);
   // n float64 values that float32 holds exactly, into `dst` as float32 (false, nothing copied: one does not).
   bool upload_narrowed(float* dst, const double* src, size_t n);
-  // U of a Gram matrix on the device (empty when not factorisable or beyond the budget).
-  // When it fails after uploading G as float32 (exact), `gram_left` (if given) receives that copy.
-  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K, DeviceBuffer<float>* gram_left = nullptr);
+  // U of a Gram matrix on the device (empty when not factorisable or beyond the budget): `gram` host memory,
+  // or this backend's (`resident`: read in place, nothing crosses the bus but its diagonal). When it fails
+  // after uploading G as float32 (exact), `gram_left` (if given) receives that copy.
+  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K, bool resident,
+                                         DeviceBuffer<float>* gram_left = nullptr);
+  // Activation statistics (backend_statistics.cu): s's tensors zeroed on the device when they fit (false:
+  // they stay empty, for the host), and one product of m rows folded into the float64 sums (`g`: scratch
+  // for a panel's float32 product).
+  bool make_device_statistics(ActivationSums& s, int64_t rows);
+  void statistics_product(const float* X, int64_t m, int64_t K, int64_t B, double* gram, float* g);
   // Columns of a panel that fit beside `fixed` bytes when each column needs `per_column` bytes.
   int64_t panel_width(uint64_t fixed, uint64_t per_column, int64_t N, const char* what) const;
   Panel upload_panel(const WeightMatrix& w, int64_t n0, int64_t width);
@@ -180,7 +189,10 @@ class CudaBackend final : public Backend {
   struct GptqArrays;
   struct GptqSweep;
   GptqArrays gptq_arrays(const GptqFactor& f);
-  void gptq_hessian(const double* gram, int64_t K, const GptqArrays& arr, const float* inv_s, double damp, double* h);
+  // H in sweep order from the Gram matrix: host rows through a staging panel, or `resident` (this backend's,
+  // read in place).
+  void gptq_hessian(const double* gram, int64_t K, bool resident, const GptqArrays& arr, const float* inv_s,
+                    double damp, double* h);
   void upper_in_place(double* a, int64_t K);
   int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;
   // The sweep's column panels; their results go into `kept_result` where it is given (it becomes out.kept).

@@ -98,11 +98,20 @@ std::vector<float> CudaBackend::mean_of(const std::vector<const std::vector<floa
   return download(out);
 }
 
-std::vector<float> CudaBackend::channel_energy(const double* gram, int64_t K, const float* s) {
+std::vector<float> CudaBackend::channel_energy(const Tensor& gram, const float* s) {
   const OpScope op(*dev_, "channel_energy");
-  // Only the diagonal goes to the device: a 2-D copy of one element per row.
+  if (gram.dtype != DType::kFloat64 || gram.shape.size() != 2 || gram.shape[0] != gram.shape[1])
+    throw std::invalid_argument("channel_energy: a float64 K x K matrix");
+  const int64_t K = gram.shape[0];
+  // The diagonal alone: read on the device where G is (the layer engine's), else a 2-D copy of one element
+  // per row goes up.
   DeviceBuffer<double> diag(*dev_, size_t(K));
-  dev_->to_device_2d(diag.get(), 8, gram, size_t(K + 1) * 8, 8, size_t(K));
+  if (const uint8_t* d = kept(gram.buffer))
+    dev_->on_device_2d(diag.get(), 8, d, size_t(K + 1) * 8, 8, size_t(K));
+  else if (gram.data)
+    dev_->to_device_2d(diag.get(), 8, gram.f64(), size_t(K + 1) * 8, 8, size_t(K));
+  else
+    throw std::invalid_argument("channel_energy: a Gram matrix held by another backend");
   const DeviceBuffer<float> s_d = s ? upload(s, size_t(K)) : DeviceBuffer<float>();
   DeviceBuffer<float> out(*dev_, size_t(K));
   launch(*dev_, K, EnergyF64Body{diag.get(), s ? s_d.get() : nullptr, out.get()});

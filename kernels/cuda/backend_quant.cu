@@ -349,9 +349,11 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
   DeviceBuffer<float> gb(*dev_, size_t(G * B * B));
   {
     const double* gram = gram_t.f64();
-    const double* kept_src = gram_block ? reinterpret_cast<const double*>(kept(gram_t.buffer)) : nullptr;
-    if (!kept_src && !gram) throw std::invalid_argument("clip_quantize_gram: a Gram matrix held by another backend");
-    // Uploaded once for the activation's sibling weights (its blocks), else uploaded for this weight.
+    const auto* on_device = reinterpret_cast<const double*>(kept(gram_t.buffer));
+    const double* kept_src = gram_block ? on_device : nullptr;
+    if (!on_device && !gram) throw std::invalid_argument("clip_quantize_gram: a Gram matrix held by another backend");
+    // Uploaded once for the activation's sibling weights (its blocks), else uploaded for this weight; a whole
+    // G on the device (the layer engine's) gives its blocks there.
     DeviceBuffer<double> src(*dev_, kept_src ? 0 : size_t(G * B * B));
     if (!kept_src && gram_block) {
       upload_f64(src.get(), gram, src.size());  // float32 on the bus where that is exact
@@ -359,8 +361,12 @@ void CudaBackend::clip_quantize_gram(const WeightMatrix& w, const QuantSpec& spe
       dev_->fill_zero(src.get(), src.bytes());
       for (int64_t g = 0; g < G; ++g) {
         const int64_t k0 = g * B, kn = std::min(K, k0 + B) - k0;
-        dev_->to_device_2d(src.get() + g * B * B, size_t(B) * 8, gram + k0 * K + k0, size_t(K) * 8, size_t(kn) * 8,
-                           size_t(kn));
+        if (on_device)
+          dev_->on_device_2d(src.get() + g * B * B, size_t(B) * 8, on_device + k0 * K + k0, size_t(K) * 8,
+                             size_t(kn) * 8, size_t(kn));
+        else
+          dev_->to_device_2d(src.get() + g * B * B, size_t(B) * 8, gram + k0 * K + k0, size_t(K) * 8,
+                             size_t(kn) * 8, size_t(kn));
       }
     }
     const DeviceBuffer<float> is = inv_s ? upload(inv_s, size_t(K)) : DeviceBuffer<float>();

@@ -161,6 +161,74 @@ def test_awq_lite_layer_by_layer_is_pooled(nibble, ledger_model, deep_model, tmp
     check_pooled(nibble, deep_model, npz, tmp_path, r, *flags)
 
 
+@pytest.fixture(scope="module")
+def engine_calib(ledger_model, tmp_path_factory):
+    """64 tokens, fewer than the channels: an activation's rows weigh less on the bus than its Gram matrix."""
+    spec, _, _ = ledger_model
+    npz = str(tmp_path_factory.mktemp("engine_ledger") / "calib.npz")
+    np.savez(npz, hidden=np.random.default_rng(4).standard_normal((4, 16, spec.hidden)).astype(np.float16))
+    return npz, 4 * 16
+
+
+def _native_pair(nibble, src, npz, tmp_path, flags):
+    """The layer engine's run on the CPU and on the emulated device: the same bytes; the emulated report."""
+    digests = {}
+    for device in ("cpu", "cuda_emulated"):
+        out = str(tmp_path / device / "model.onnx")
+        nibble.quantize(src, out, *flags, "--calibration_engine", "native", "--calib_data", npz, "--calib_size", "4",
+                        "--block_size", "32", "--device", device, "--report", str(tmp_path / f"{device}.json"),
+                        "--force")
+        digests[device] = folder_digest(os.path.dirname(out))
+    assert digests["cpu"] == digests["cuda_emulated"]
+    with open(tmp_path / "cuda_emulated.json") as f:
+        return json.load(f)
+
+
+NATIVE_RUNS = {"awq_lite": ("--algo", "awq_lite", "--layer_by_layer", "off"),
+               "awq_lite_layers": ("--algo", "awq_lite", "--layer_by_layer", "on"),
+               "awq_clip": ("--algo", "awq_clip"), "awq_full": ("--algo", "awq_full"),
+               "mixed": ("--algo", "awq_lite", "--mixed_strategy", "sensitivity", "--layer_by_layer", "off"),
+               "gptq": ("--algo", "gptq"), "awq_gptq": ("--algo", "awq_gptq")}
+
+
+@pytest.mark.parametrize("run", list(NATIVE_RUNS))
+def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model, deep_model, engine_calib, tmp_path,
+                                                            run):
+    """The layer engine's statistics accumulate on the device and the searches read them there (AWQ's factor
+    and loss, the clip search, the sensitivity losses, GPTQ's factor): each activation's counted rows go up once (the forward
+    pass still runs on the host), no Gram matrix crosses the bus either way, only Σ|x| comes back, and the
+    output is the CPU's byte for byte. Before, each Gram matrix went up for the search (awq_lite: W + Σ K² · 4
+    bytes at least)."""
+    _, src, _ = ledger_model
+    npz, tokens = engine_calib
+    r = _native_pair(nibble, src, npz, tmp_path, NATIVE_RUNS[run])
+    d = r["summary"]["device"]
+    ops, w, acts = d["ops"], r["summary"]["bytes_in"], activations(src, r)
+    batches = tokens * sum(acts.values()) * 4  # each activation's rows, float32, once
+    print(f"ledger {run}: W {w}, activation rows {batches}, Gram matrices {gram_bytes(acts)}, "
+          f"h2d {d['h2d_bytes']}, d2h {d['d2h_bytes']}")
+    # Up by `upload`: the rows and the weights the search keeps (awq_clip's quantizer takes its own), no Gram
+    # matrix (before, the GEMM form's and the clip blocks' went up this way).
+    assert batches <= ops["upload"]["h2d_bytes"] <= w + batches
+    if run.startswith("awq_lite"):  # the weights and the rows, and O(K) vectors: 1.07 x, against 1.6 x before
+        assert ops["upload"]["h2d_bytes"] == w + batches  # each weight once, each batch run's rows once
+        assert d["h2d_bytes"] <= 1.1 * (w + batches) < w + gram_bytes(acts)
+        assert ops["gram_cholesky_upper"]["calls"] == len(acts)
+        assert ops["gram_cholesky_upper"]["h2d_bytes"] == 0  # G is read where it accumulated
+    stats = ops["accumulate_statistics"]
+    assert stats["calls"] >= len(acts) and stats["h2d_bytes"] == stats["d2h_bytes"] == 0
+    assert not stats["host_fallback"]
+    # Down: Σ|x| of each activation (K float64: the AWQ scales are host arithmetic), no Gram matrix, then
+    # check_down's bound on the rest (the packed output and the choices).
+    assert ops["download"]["d2h_bytes"] == 8 * sum(acts.values())
+    assert d["d2h_bytes"] - ops["download"]["d2h_bytes"] <= 1.11 * r["summary"]["bytes_quantized_out"]
+    check_on_host(d)
+    if run == "awq_lite_layers":  # a group's statistics come from the pool: twice as deep, no more allocations
+        deep = _native_pair(nibble, deep_model, npz, tmp_path / "deep", NATIVE_RUNS[run])
+        assert len(deep["weights"]) > len(r["weights"])
+        assert deep["summary"]["device"]["allocations"] == d["allocations"]
+
+
 def test_awq_clip_moves_each_weight_and_each_activations_gram_blocks_once(nibble, ledger_model, deep_model,
                                                                           tmp_path):
     _, src, npz = ledger_model

@@ -313,7 +313,7 @@ TEST(CudaEmulated, GramMatricesLargerThanTheBudgetStreamInRowPanels) {
   const check::Weight w = check::make_weight(c, 9);
   const auto gram = check::gram(500, K, 2);
   const std::vector<float> g32(gram.begin(), gram.end());
-  const GramFactor upper = ref->gram_cholesky_upper(gram.data(), K);
+  const GramFactor upper = ref->gram_cholesky_upper(kernels::host_view(DType::kFloat64, {K, K}, gram.data()));
   const auto s = check::positive(K, 0.5f, 2.0f, 1);
   for (bool factor : {false, true}) {
     const GramForm form{K, 500, host_view(DType::kFloat32, {K, K}, g32.data()), factor ? upper.upper : Tensor{}};
@@ -326,6 +326,7 @@ TEST(CudaEmulated, GramMatricesLargerThanTheBudgetStreamInRowPanels) {
     }
   }
   // Too large to factor within the budget: no factor, so the Gram form (which streams) is used.
-  EXPECT_FALSE(emulated(1u << 20)->gram_cholesky_upper(gram.data(), K).ok());
-  EXPECT_EQ(emulated(8u << 20)->gram_cholesky_upper(gram.data(), K).upper.elements(), K * K);
+  const Tensor g64 = kernels::host_view(DType::kFloat64, {K, K}, gram.data());
+  EXPECT_FALSE(emulated(1u << 20)->gram_cholesky_upper(g64).ok());
+  EXPECT_EQ(emulated(8u << 20)->gram_cholesky_upper(g64).upper.elements(), K * K);
 }

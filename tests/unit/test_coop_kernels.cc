@@ -232,7 +232,7 @@ TEST(ColumnDot, CpuAndEmulatedDeviceAwqLossesAreTheSameBits) {
   const int64_t K = 600, T = 1200;
   const auto gram = check::gram(T, K, 4);
   const std::vector<float> g32(gram.begin(), gram.end());
-  const GramFactor upper = cpu->gram_cholesky_upper(gram.data(), K);
+  const GramFactor upper = cpu->gram_cholesky_upper(kernels::host_view(DType::kFloat64, {K, K}, gram.data()));
   ASSERT_EQ(upper.upper.elements(), K * K);
   const auto s1 = check::positive(K, 0.5f, 2.0f, 1), s2 = check::positive(K, 0.25f, 4.0f, 2);
   const std::vector<float> ratios{1.0f, 0.9f, 0.8f};

@@ -8,7 +8,6 @@
 #include <map>
 #include <random>
 
-#include "calib/engine_statistics.h"
 #include "forward/broadcast.h"
 #include "forward/buffer_pool.h"
 #include "forward/matmul.h"
@@ -194,100 +193,3 @@ TEST(ForwardBroadcast, ParallelRowRangesMatchTheSequentialWalk) {
 
 }  // namespace
 }  // namespace nibble::forward
-
-namespace nibble {
-namespace {
-
-TEST(EngineStatistics, GramAndAbsSumsFollowTheirDefinitionOverCountedRows) {
-  const int64_t K = 37, rows = 2500;  // more rows than one product takes
-  const auto x = random_floats(size_t(rows * K), 9);
-  std::vector<int64_t> counted(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) counted[size_t(r)] = (r % 7) != 3;
-  ActivationAccumulator whole(K, 0), blocks(K, 16);
-  for (ActivationAccumulator* acc : {&whole, &blocks}) {  // two batch runs, the second longer than one product
-    acc->add_rows(x.data(), 400, counted.data());
-    acc->add_rows(x.data() + 400 * K, rows - 400, counted.data() + 400);
-  }
-  MeasuredActivation m = whole.finish();
-  const MeasuredActivation b = blocks.finish();
-  EXPECT_TRUE(m.packed);  // the upper triangle only, until the search reads it
-  EXPECT_EQ(m.gram.size(), size_t(K * (K + 1) / 2));
-  EXPECT_FALSE(b.packed);
-  unpack_gram(m);
-  EXPECT_FALSE(m.packed);
-  int64_t n = 0;
-  for (int64_t c : counted) n += c;
-  EXPECT_EQ(m.rows, n);
-  EXPECT_EQ(b.rows, n);
-  for (int64_t i = 0; i < K; ++i) {
-    double s = 0.0;
-    for (int64_t r = 0; r < rows; ++r)
-      if (counted[size_t(r)]) s += std::fabs(x[size_t(r * K + i)]);
-    EXPECT_NEAR(m.sum_abs[size_t(i)], s, 1e-9 * s);
-    for (int64_t j = 0; j < K; ++j) {
-      double g = 0.0, mag = 0.0;
-      for (int64_t r = 0; r < rows; ++r)
-        if (counted[size_t(r)]) {
-          g += double(x[size_t(r * K + i)]) * x[size_t(r * K + j)];
-          mag += std::fabs(double(x[size_t(r * K + i)]) * x[size_t(r * K + j)]);
-        }
-      EXPECT_NEAR(m.gram[size_t(i * K + j)], g, 1e-6 * mag) << i << "," << j;  // float32 products, float64 sums
-      if (i / 16 == j / 16) {  // the diagonal blocks hold the same sums
-        EXPECT_EQ(b.gram[size_t((i / 16) * 256 + (i % 16) * 16 + j % 16)], m.gram[size_t(i * K + j)]) << i << "," << j;
-      }
-    }
-  }
-}
-
-TEST(EngineStatistics, GramPanelsFollowTheDefinitionAtAnyThreadCount) {
-  const int64_t K = 300, rows = 700;  // three column panels (128, 128, 44)
-  const auto x = random_floats(size_t(rows * K), 11);
-  MeasuredActivation got[2];
-  for (int t : {1, 3}) {
-    kernels::set_num_threads(t);
-    ActivationAccumulator acc(K, 0);
-    acc.add_rows(x.data(), rows, nullptr);
-    got[t == 3] = acc.finish();
-    unpack_gram(got[t == 3]);
-  }
-  kernels::set_num_threads(0);
-  EXPECT_EQ(got[0].gram, got[1].gram);
-  EXPECT_EQ(got[0].sum_abs, got[1].sum_abs);
-  for (int64_t i = 0; i < K; i += 7)
-    for (int64_t j = 0; j < K; ++j) {
-      double g = 0.0, mag = 0.0;
-      for (int64_t r = 0; r < rows; ++r) {
-        g += double(x[size_t(r * K + i)]) * x[size_t(r * K + j)];
-        mag += std::fabs(double(x[size_t(r * K + i)]) * x[size_t(r * K + j)]);
-      }
-      EXPECT_NEAR(got[0].gram[size_t(i * K + j)], g, double(rows) * 6e-8 * mag) << i << "," << j;
-    }
-}
-
-// The search reads a packed XᵀX through Calibration as the whole matrix, whichever accessor it uses.
-TEST(EngineStatistics, CalibrationServesAPackedGramWhole) {
-  const int64_t K = 150, rows = 90;
-  const auto x = random_floats(size_t(rows * K), 12);
-  std::map<std::string, MeasuredActivation> measured;
-  for (const char* name : {"a", "b"}) {
-    ActivationAccumulator acc(K, 0);
-    acc.add_rows(x.data(), rows, nullptr);
-    measured[name] = acc.finish();
-  }
-  ActivationAccumulator acc(K, 0);
-  acc.add_rows(x.data(), rows, nullptr);
-  MeasuredActivation whole = acc.finish();
-  unpack_gram(whole);
-  auto calib = Calibration::from_measured(std::move(measured), rows);
-  const ActivationStats st = calib->stats("a", false);
-  EXPECT_EQ(st.rows, rows);
-  EXPECT_TRUE(std::equal(whole.gram.begin(), whole.gram.end(), st.gram));
-  int64_t block = -1;
-  const double* g = calib->gram_as_kept("b", K, &block);
-  EXPECT_EQ(block, 0);
-  EXPECT_TRUE(std::equal(whole.gram.begin(), whole.gram.end(), g));
-  for (int64_t i = 0; i < K; ++i) EXPECT_EQ(g[i * K + (K - 1 - i)], g[(K - 1 - i) * K + i]);  // both triangles
-}
-
-}  // namespace
-}  // namespace nibble

@@ -191,7 +191,8 @@ TEST(Gptq, BackendsRunIt) {
   std::unique_ptr<Backend> backends[] = {make_cpu_backend(), make_reference_backend()};
   for (auto& b : backends) {
     QuantResult q;
-    b->gptq_quantize(w, QuantSpec{4, 32, false}, b->gptq_factor(g.data(), K, nullptr, 0.01, false), GptqOptions{}, q);
+    const Tensor gram = host_view(DType::kFloat64, {K, K}, g.data());
+    b->gptq_quantize(w, QuantSpec{4, 32, false}, b->gptq_factor(gram, nullptr, 0.01, false), GptqOptions{}, q);
     EXPECT_EQ(q.codes.size(), size_t(K * N));
     EXPECT_EQ(q.scales.size(), size_t(2 * N));
   }

@@ -17,6 +17,11 @@ using namespace nibble;
 using namespace nibble::kernels;
 
 namespace {
+// A float64 Gram matrix as the tensor the operations take (host memory).
+Tensor g64(const std::vector<double>& g, int64_t K) { return host_view(DType::kFloat64, {K, K}, g.data()); }
+}  // namespace
+
+namespace {
 
 std::unique_ptr<Backend> emulated(uint64_t budget = uint64_t(64) << 20) {
   return make_backend(BackendOptions{Device::kCudaEmulated, budget}, nullptr);
@@ -112,8 +117,8 @@ TEST(GptqDevice, EqualsTheCpuBackendBitForBit) {
   for (bool act_order : {false, true})
     for (bool scaled : {false, true}) {
       const float* s = scaled ? inv_s.data() : nullptr;
-      const GptqFactor fc = cpu->gptq_factor(gram.data(), K, s, 0.01, act_order);
-      const GptqFactor fg = gpu->gptq_factor(gram.data(), K, s, 0.01, act_order);
+      const GptqFactor fc = cpu->gptq_factor(g64(gram, K), s, 0.01, act_order);
+      const GptqFactor fg = gpu->gptq_factor(g64(gram, K), s, 0.01, act_order);
       SCOPED_TRACE(std::string(act_order ? "act_order" : "in order") + (scaled ? " scaled" : ""));
       expect_same_channels(fc, fg);
       EXPECT_EQ(fc.dead[11], 1);
@@ -147,8 +152,8 @@ TEST(GptqDevice, PerChannelBlocksAndFp16ScalesEqualTheCpu) {
   const std::vector<double> gram = make_gram(K, 2 * K, 9, -1);
   auto cpu = make_cpu_backend();
   auto gpu = emulated();
-  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
-  const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fc = cpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
+  const GptqFactor fg = gpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   const Weight w(DType::kFloat32, K, N, 0, 4);
   for (const QuantSpec& spec : {QuantSpec{8, K, false}, QuantSpec{4, 32, true, DType::kFloat16}}) {
     QuantResult want, got;
@@ -166,8 +171,8 @@ TEST(GptqDevice, SiblingsShareOneFactorOnTheDevice) {
   const std::vector<double> gram = make_gram(K, 2 * K, 5, 3);
   auto cpu = make_cpu_backend();
   auto gpu = emulated();
-  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
-  const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fc = cpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
+  const GptqFactor fg = gpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   const OpTransfers f = op(*gpu, "gptq_factor");
   // The Gram matrix, and perm, positions (int64), energies (float) and dead flags for the kept factor.
   EXPECT_EQ(f.h2d_bytes, uint64_t(K * K) * 8 + uint64_t(K) * (8 + 8 + 4 + 1));
@@ -207,8 +212,8 @@ TEST(GptqDevice, ReadsTheScaledWeightInPlace) {
   QuantSpec spec{4, 32, true};
   spec.scale_dtype = DType::kFloat16;
   QuantResult want, got;
-  cpu->gptq_quantize(cs, spec, cpu->gptq_factor(gram.data(), K, inv.data(), 0.01, false), options(128), want);
-  gpu->gptq_quantize(gs, spec, gpu->gptq_factor(gram.data(), K, inv.data(), 0.01, false), options(128), got);
+  cpu->gptq_quantize(cs, spec, cpu->gptq_factor(g64(gram, K), inv.data(), 0.01, false), options(128), want);
+  gpu->gptq_quantize(gs, spec, gpu->gptq_factor(g64(gram, K), inv.data(), 0.01, false), options(128), got);
   expect_same(want, got);
   EXPECT_EQ(op(*gpu, "gptq_quantize").h2d_bytes, uint64_t(K) * 4 + 5 * 4);  // no weight: only the O(K) lists
   EXPECT_FALSE(op(*gpu, "gptq_quantize").host_fallback);
@@ -223,12 +228,12 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   const Weight w(DType::kFloat32, K, N, 0, 8);
   const QuantSpec spec{4, 64, true};
   auto cpu = make_cpu_backend();
-  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fc = cpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   QuantResult want;
   cpu->gptq_quantize(w.m, spec, fc, options(128), want);
 
   auto small = emulated(900 << 10);  // below H (K² · 8 bytes) and a staging panel
-  const GptqFactor fs = small->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fs = small->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   EXPECT_TRUE(op(*small, "gptq_factor").host_fallback);
   EXPECT_EQ(small->download(fs.upper), cpu->download(fc.upper));
   QuantResult got;
@@ -242,7 +247,7 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   // Room for H and a staging panel, not for U beside H: the factor is made on the device all the same (U
   // is narrowed to float32 in H's own memory), and sweeps there.
   auto snug = emulated(1200 << 10);
-  const GptqFactor fn = snug->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fn = snug->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   EXPECT_FALSE(op(*snug, "gptq_factor").host_fallback);
   ASSERT_TRUE(fn.upper.buffer);
   QuantResult on_device;
@@ -261,13 +266,13 @@ TEST(GptqDevice, SmallBudgetsFallBackToTheHost) {
   // kept on the device hold the rest; lazy batches of K make each column's batch buffers larger): the
   // host sweeps, with U brought back from the device.
   auto held = emulated(1920 << 10);
-  const GptqFactor fd = held->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fd = held->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   ASSERT_TRUE(fd.upper.buffer);
   std::vector<GramFactor> holds;
   for (int64_t k : {300, 260}) {
     std::vector<double> eye(size_t(k * k), 0.0);
     for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
-    holds.push_back(held->gram_cholesky_upper(eye.data(), k));
+    holds.push_back(held->gram_cholesky_upper(g64(eye, k)));
     ASSERT_TRUE(holds.back().upper.buffer);
   }
   QuantResult want_k, back;
@@ -287,7 +292,7 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
   const int64_t K = 192, N = 300, B = 64;
   const std::vector<double> gram = make_gram(K, 2 * K, 21, -1);
   auto cpu = make_cpu_backend();
-  const GptqFactor fc = cpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+  const GptqFactor fc = cpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
   for (const int k_axis : {0, 1})
     for (const bool zp : {false, true})
       for (const bool held : {false, true}) {
@@ -296,13 +301,13 @@ TEST(GptqDevice, KeptResultIsPackedAsTheCpu) {
         QuantSpec spec{4, B, zp};
         const uint64_t budget = held ? uint64_t(1536) << 10 : uint64_t(64) << 20;
         auto gpu = emulated(budget);
-        const GptqFactor fg = gpu->gptq_factor(gram.data(), K, nullptr, 0.01, true);
+        const GptqFactor fg = gpu->gptq_factor(g64(gram, K), nullptr, 0.01, true);
         ASSERT_TRUE(fg.upper.buffer);
         std::vector<GramFactor> holds;
         for (int64_t k : held ? std::vector<int64_t>{300, 260} : std::vector<int64_t>{}) {
           std::vector<double> eye(size_t(k * k), 0.0);
           for (int64_t i = 0; i < k; ++i) eye[size_t(i * k + i)] = 1.0;
-          holds.push_back(gpu->gram_cholesky_upper(eye.data(), k));
+          holds.push_back(gpu->gram_cholesky_upper(g64(eye, k)));
           ASSERT_TRUE(holds.back().upper.buffer);
         }
         QuantResult want, got;

@@ -64,7 +64,8 @@ Quantized run(Backend& b, const WeightMatrix& m, const QuantSpec& spec,
   Quantized r;
   GptqOptions gopt;
   gopt.ratios = {1.0f, 0.95f, 0.9f, 0.85f};
-  b.gptq_quantize(m, spec, b.gptq_factor(g.data(), kK, inv_s.data(), opt.percdamp, false), gopt, r.gptq);
+  const Tensor gram = host_view(DType::kFloat64, {kK, kK}, g.data());
+  b.gptq_quantize(m, spec, b.gptq_factor(gram, inv_s.data(), opt.percdamp, false), gopt, r.gptq);
   r.learned = r.gptq;
   r.stats = b.learned_rounding(m, spec, g.data(), inv_s.data(), opt, r.learned);
   return r;

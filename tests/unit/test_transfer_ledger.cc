@@ -155,7 +155,7 @@ TEST(TransferLedger, DeviceCholeskyFactorIsReadInPlace) {
   const std::vector<float> s(static_cast<size_t>(K), 1.0f);
   auto gpu = emulated();
   const QuantSpec spec{4, kBlock, false};
-  const GramFactor f = gpu->gram_cholesky_upper(gram.data(), K);
+  const GramFactor f = gpu->gram_cholesky_upper(kernels::host_view(DType::kFloat64, {K, K}, gram.data()));
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f.upper.data, nullptr);
   EXPECT_EQ(op(*gpu, "gram_cholesky_upper").d2h_bytes, 0u);
@@ -215,7 +215,7 @@ TEST(TransferLedger, UnfactorisableGramServesTheGemmForm) {
   for (int64_t i = 0; i < K; ++i) g64[size_t(i * K + i)] = g32[size_t(i * K + i)] = 4.0f + float(i % 5);
   g64[size_t(1)] = g64[size_t(K)] = g32[size_t(1)] = g32[size_t(K)] = 40.0f;  // channels 0 and 1: indefinite
   auto gpu = emulated();
-  GramFactor f = gpu->gram_cholesky_upper(g64.data(), K);
+  GramFactor f = gpu->gram_cholesky_upper(kernels::host_view(DType::kFloat64, {K, K}, g64.data()));
   EXPECT_FALSE(f.ok());
   ASSERT_TRUE(f.gram.buffer);
   EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * 4);  // once, as float32
@@ -251,8 +251,9 @@ TEST(TransferLedger, CholeskyGramGoesUpAsFloat32WhereExact) {
     std::vector<double> gram(g32.begin(), g32.end());
     if (!exact) gram[size_t(3 * K + 3)] += 1e-12;  // one value float32 cannot hold
     auto gpu = emulated();
-    const std::vector<uint8_t> got = gpu->download(gpu->gram_cholesky_upper(gram.data(), K).upper);
-    EXPECT_EQ(got, cpu->download(cpu->gram_cholesky_upper(gram.data(), K).upper)) << "exact " << exact;
+    const Tensor g64 = kernels::host_view(DType::kFloat64, {K, K}, gram.data());
+    const std::vector<uint8_t> got = gpu->download(gpu->gram_cholesky_upper(g64).upper);
+    EXPECT_EQ(got, cpu->download(cpu->gram_cholesky_upper(g64).upper)) << "exact " << exact;
     EXPECT_EQ(op(*gpu, "gram_cholesky_upper").h2d_bytes, uint64_t(K * K) * (exact ? 4 : 8)) << "exact " << exact;
   }
 }

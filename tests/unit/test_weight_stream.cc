@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
 
 #include "loaders/error.h"
@@ -112,6 +114,38 @@ TEST(ParallelRead, ReadsEveryRangeAsTheFileHoldsIt) {
   ::close(fd);
 }
 
+// Every weight taken in order, each checked to hold the file's bytes at an aligned address.
+static std::vector<TensorView> take_all(WeightStream& s, const std::vector<uint8_t>& data,
+                                        const std::vector<uint64_t>& offsets, const std::vector<int64_t>& rows) {
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    views.push_back(s.take(i));
+    const TensorView& v = views.back();
+    EXPECT_EQ(v.nbytes, uint64_t(rows[i] * 128)) << i;
+    EXPECT_EQ(0, std::memcmp(v.data, data.data() + offsets[i], std::min<uint64_t>(v.nbytes, rows[i] * 128))) << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 2, 0u) << i;
+  }
+  return views;
+}
+
+// Takes the weights in `order` until one fails: its one-line error, or "" when none does (a read ahead may
+// finish before the file shrinks: a second pass reads again).
+static std::string first_error_taking(WeightStream& s, std::initializer_list<size_t> order) {
+  for (size_t i : order) {
+    try {
+      s.take(i);
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+  return "";
+}
+
+static std::string truncated_message(const fs::path& file, uint64_t size) {
+  return "tensor 'w1': " + fs::canonical(file).string() + " ends before offset " + std::to_string(size) +
+         " (the file was truncated while nibble read it)";
+}
+
 // Three weights, one at an offset that is not a multiple of its element size, taken in order: each
 // view holds the map's bytes in an aligned buffer, the next one read ahead; the stats count each
 // weight once. A weight not to be read is the map's view itself.
@@ -123,13 +157,9 @@ TEST(WeightStream, HandsOutTheMapsBytesReadAhead) {
   write_file(dir / "w.data", data);
   auto model = OnnxModel::load(model_with(dir, offsets, rows));
   WeightStream s(*model, {"w0", "w1", "w2"}, {true, true, false}, 2);
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < 3; ++i) views.push_back(s.take(i));
+  const std::vector<TensorView> views = take_all(s, data, offsets, rows);
   for (size_t i = 0; i < 3; ++i) {
     const TensorView& v = views[i];
-    ASSERT_EQ(v.nbytes, uint64_t(rows[i] * 128));
-    EXPECT_EQ(0, std::memcmp(v.data, data.data() + offsets[i], v.nbytes)) << i;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 2, 0u) << i;
     EXPECT_EQ(v.buffer != nullptr, i < 2) << i;
   }
   const ReadStats st = s.stats();
@@ -152,18 +182,7 @@ TEST(WeightStream, AFileTruncatedWhileReadingIsOneErrorLine) {
   const TensorView v0 = s.take(0);  // starts reading w1
   EXPECT_EQ(0, std::memcmp(v0.data, data.data(), v0.nbytes));
   ::truncate((dir / "w.data").c_str(), 64 * 128 + 100);
-  // The read ahead may have finished before the truncation: then a second pass reads again.
-  std::string error;
-  for (size_t i : {size_t(1), size_t(0), size_t(1)}) {
-    try {
-      s.take(i);
-    } catch (const Error& e) {
-      error = e.what();
-      break;
-    }
-  }
-  EXPECT_EQ(error, "tensor 'w1': " + fs::canonical(dir / "w.data").string() + " ends before offset " +
-                       std::to_string(64 * 128 + 100) + " (the file was truncated while nibble read it)");
+  EXPECT_EQ(first_error_taking(s, {1, 0, 1}), truncated_message(dir / "w.data", 64 * 128 + 100));
 }
 
 // The CPU's reading: each view is the memory map's own (no buffer), its pages mapped ahead; a misaligned
@@ -176,13 +195,9 @@ TEST(WeightStream, MapAheadHandsOutTheMapsOwnBytes) {
   write_file(dir / "w.data", data);
   auto model = OnnxModel::load(model_with(dir, offsets, rows));
   WeightStream s(*model, {"w0", "w1", "w2"}, {true, true, true}, 2, WeightStream::Reading::kMapAhead);
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < 3; ++i) views.push_back(s.take(i));
+  const std::vector<TensorView> views = take_all(s, data, offsets, rows);
   for (size_t i = 0; i < 3; ++i) {
     const TensorView& v = views[i];
-    ASSERT_EQ(v.nbytes, uint64_t(rows[i] * 128));
-    EXPECT_EQ(0, std::memcmp(v.data, data.data() + offsets[i], v.nbytes)) << i;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 2, 0u) << i;
     EXPECT_EQ(v.buffer, nullptr) << i;
     EXPECT_EQ(v.aligned_copy != nullptr, i == 1) << i;
   }
@@ -202,15 +217,5 @@ TEST(WeightStream, MapAheadOfATruncatedFileIsOneErrorLine) {
   const TensorView v0 = s.take(0);
   EXPECT_EQ(0, std::memcmp(v0.data, data.data(), v0.nbytes));
   ::truncate((dir / "w.data").c_str(), 64 * 128 + 100);
-  std::string error;
-  for (size_t i : {size_t(1), size_t(0), size_t(1)}) {
-    try {
-      s.take(i);
-    } catch (const Error& e) {
-      error = e.what();
-      break;
-    }
-  }
-  EXPECT_EQ(error, "tensor 'w1': " + fs::canonical(dir / "w.data").string() + " ends before offset " +
-                       std::to_string(64 * 128 + 100) + " (the file was truncated while nibble read it)");
+  EXPECT_EQ(first_error_taking(s, {1, 0, 1}), truncated_message(dir / "w.data", 64 * 128 + 100));
 }

@@ -98,11 +98,13 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
   nlohmann::json skipped = nlohmann::json::array();
   for (const auto& s : planned.plan.skipped)
     skipped.push_back({{"node", s.node}, {"op_type", s.op_type}, {"reason", s.reason}});
-  // Who ran each stage: calibration is ONNX Runtime in calib/capture.py; the array work is the backend's.
+  // Who ran each stage: calibration is ONNX Runtime in calib/capture.py, or the layer engine, whose forward
+  // runs on the CPU and whose statistics build up on the backend; the array work is the backend's.
   nlohmann::json stages = {{"quantize", backend.name()}, {"pack", backend.name()}};
   if (needs_calibration(o)) {
-    stages["calibrate"] = o.calib.layer_engine ? std::string("nibble layer engine (cpu)")
-                                               : "onnxruntime (" + o.calib.calibration_eps + ")";
+    stages["calibrate"] = o.calib.layer_engine
+                              ? "nibble layer engine (forward: cpu, statistics: " + backend.name() + ")"
+                              : "onnxruntime (" + o.calib.calibration_eps + ")";
     stages["search"] = backend.name();
   }
   const kernels::TransferLedger* ledger = backend.transfer_ledger();

@@ -49,7 +49,7 @@ def test_layer_by_layer_equals_the_whole_model_pass_and_the_report_names_the_eng
         nibble.quantize(path, str(out), "--algo", algo, *calib, "--calibration_engine", "native",
                         "--layer_by_layer", mode, "--report", str(rep))
         r = json.loads(rep.read_text())
-        assert r["stages"]["calibrate"] == "nibble layer engine (cpu)"
+        assert r["stages"]["calibrate"] == "nibble layer engine (forward: cpu, statistics: cpu)"
         assert r["options"]["calibration_engine"] == "native"
         eng = r["summary"]["calibration_engine"]
         assert eng["engine"] == "native" and eng["forward_seconds"] > 0 and eng["statistics_seconds"] > 0

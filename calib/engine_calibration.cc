@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -184,6 +185,8 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       const int64_t rows = v.numel() / K;
       const bool masked = mask_padding && mask && int64_t(mask->size()) == rows;
       acc.add_rows(x, rows, masked ? mask->data() : nullptr);
+      const int64_t counted = masked ? rows - std::count(mask->begin(), mask->end(), int64_t(0)) : rows;
+      statistics_row_bytes_ += uint64_t(counted * K) * sizeof(float);
       stats_s += since(ts);
     };
     if (feed && b.has_group_start && b.group_start.next <= first && !reads_inputs) b.state = b.group_start;

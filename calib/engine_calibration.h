@@ -51,6 +51,9 @@ class EngineCalibration {
   // and seconds, whose ratio is the calibration's arithmetic rate.
   forward::ProductMeter forward_products() const { return graph_->products(); }
   forward::ProductMeter statistics_products() const { return statistics_products_; }
+  // Bytes of the counted activation rows handed to the statistics (float32): what a device's statistics
+  // take up the bus while the forward pass runs on the host.
+  uint64_t statistics_row_bytes() const { return statistics_row_bytes_; }
 
  private:
   // Calibration batches run together: consecutive batches whose inputs have the same shapes, joined along
@@ -75,6 +78,7 @@ class EngineCalibration {
   bool quiet_ = false;
   double forward_seconds_ = 0.0, statistics_seconds_ = 0.0;
   forward::ProductMeter statistics_products_;
+  uint64_t statistics_row_bytes_ = 0;
   std::mutex mu_;
   std::map<std::string, forward::Value> read_batch_feeds(Batch& b);
   void write_feeds();

@@ -30,6 +30,7 @@ nlohmann::json layer_engine_json(const EngineCalibration& e) {
           {"forward_gflop", f.flop * 1e-9},
           {"statistics_gflop", s.flop * 1e-9},
           {"product_seconds", f.seconds + s.seconds},
+          {"statistics_row_bytes", e.statistics_row_bytes()},
           {"gflops", seconds > 0 ? flop * 1e-9 / seconds : 0.0}};
 }
 

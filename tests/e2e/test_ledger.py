@@ -210,6 +210,9 @@ def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model
     # Up by `upload`: the rows and the weights the search keeps (awq_clip's quantizer takes its own), no Gram
     # matrix (before, the GEMM form's and the clip blocks' went up this way).
     assert batches <= ops["upload"]["h2d_bytes"] <= w + batches
+    # The report counts those rows, and tools/ledger_bounds.py holds a native run to them (not to the Grams).
+    assert r["summary"]["calibration_engine"]["statistics_row_bytes"] == batches
+    assert ledger_bounds.check(src, r, NATIVE_RUNS[run][1], 32) == []
     if run.startswith("awq_lite"):  # the weights and the rows, and O(K) vectors: 1.07 x, against 1.6 x before
         assert ops["upload"]["h2d_bytes"] == w + batches  # each weight once, each batch run's rows once
         assert d["h2d_bytes"] <= 1.1 * (w + batches) < w + gram_bytes(acts)

@@ -142,6 +142,10 @@ class Calibration {
   // ModelOpt's token sample (CalibrationExtras::sample_tokens): *rows x K float32, nullptr when empty.
   const float* token_sample(const std::string& activation, int64_t K, int64_t* rows);
   int64_t tokens() const { return tokens_; }
+  // The weights the layer engine's forward put on a device backend (initializer name -> its bytes as stored,
+  // there), handed over once, so that the search and the quantizer read them without a second upload.
+  std::map<std::string, kernels::Tensor> take_device_weights() { return std::move(device_weights_); }
+  void give_device_weights(std::map<std::string, kernels::Tensor> w) { device_weights_ = std::move(w); }
 
   // ModelOpt's get_scale for every alpha, computed by numpy: one vector of K per alpha and item.
   struct GridItem {
@@ -167,6 +171,7 @@ class Calibration {
   std::unique_ptr<CalibCache> cache_;  // --calib_cache: holds the entry's lock while dir_ is read
   int64_t tokens_ = 0;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, kernels::Tensor> device_weights_;
   std::map<std::string, std::unique_ptr<MappedFile>> maps_;
   void read_index(const std::vector<Request>& acts);  // what capture.py measured, checked against acts
   const MappedFile& map(const std::string& file);

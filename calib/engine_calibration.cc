@@ -62,6 +62,8 @@ EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::str
   options_.layer_engine = nullptr;
   model_ = OnnxModel::load(model_path);
   graph_ = std::make_unique<forward::GraphRun>(*model_);
+  // On a device the forward runs there too: a layer's activations stay where its statistics are summed.
+  if (statistics.transfer_ledger()) graph_->use_backend(&statistics);
   if (const std::string missing = first_unsupported(*graph_); !missing.empty())
     throw Error("--calibration_engine native: the layer engine cannot run " + model_path + ": " + missing +
                 " (--calibration_engine ort runs it)");
@@ -102,6 +104,11 @@ void EngineCalibration::write_feeds() {
 void EngineCalibration::substitute(const std::string& name, forward::Value v) {
   std::lock_guard<std::mutex> lock(mu_);
   graph_->substitute(name, std::move(v));
+}
+
+void EngineCalibration::lend_device_weight(const std::string& name, kernels::Tensor t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (graph_->device()) graph_->lend_device_upload(name, std::move(t));
 }
 
 EngineCalibration::~EngineCalibration() {
@@ -179,12 +186,16 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       if (!v.is_float() || v.shape.empty() || v.shape.back() != K)
         throw Error("activation '" + name + "' is " + dtype_name(v.dtype) + " " + forward::shape_text(v.shape) +
                     ", not [..., " + std::to_string(K) + "] floats");
-      forward::Floats widened;  // a float32 activation is read in place
-      if (v.storage() != DType::kFloat32 || v.wide) widened = forward::to_floats(forward::narrow(v));
-      const float* x = widened.empty() ? v.as<float>() : widened.data();
       const int64_t rows = v.numel() / K;
       const bool masked = mask_padding && mask && int64_t(mask->size()) == rows;
-      acc.add_rows(x, rows, masked ? mask->data() : nullptr);
+      if (v.on_device()) {
+        acc.add_device_rows(v.device, v.wide ? v.dtype : DType::kFloat32, rows, masked ? mask : nullptr);
+      } else {
+        forward::Floats widened;  // a float32 activation is read in place
+        if (v.storage() != DType::kFloat32 || v.wide) widened = forward::to_floats(forward::narrow(v));
+        const float* x = widened.empty() ? v.as<float>() : widened.data();
+        acc.add_rows(x, rows, masked ? mask->data() : nullptr);
+      }
       const int64_t counted = masked ? rows - std::count(mask->begin(), mask->end(), int64_t(0)) : rows;
       statistics_row_bytes_ += uint64_t(counted * K) * sizeof(float);
       stats_s += since(ts);
@@ -211,6 +222,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
       last_log = std::chrono::steady_clock::now();
     }
   }
+  std::map<std::string, kernels::Tensor> uploads = graph_->take_device_uploads();
   graph_->release_weights();  // this group's weights: the next group reads others
   forward::pool_release_idle();
   const auto tf = std::chrono::steady_clock::now();
@@ -228,7 +240,9 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
   if (!quiet_)
     spdlog::debug("calibration (layer engine): {} activations, {} runs of joined batches, forward {:.2f} s, "
                   "statistics {:.2f} s", acts.size(), batches_.size(), total - stats_s, stats_s);
-  return Calibration::from_measured(std::move(measured), tokens);
+  auto calib = Calibration::from_measured(std::move(measured), tokens);
+  calib->give_device_weights(std::move(uploads));
+  return calib;
 }
 
 }  // namespace nibble

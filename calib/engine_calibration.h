@@ -43,6 +43,9 @@ class EngineCalibration {
                                        const CalibrationExtras& extras);
   // The weight `name` runs as `v` from now on (forward::GraphRun::substitute).
   void substitute(const std::string& name, forward::Value v);
+  // A device's copy of weight `name` (its bytes as stored) that a search uploaded, read by the next
+  // request's forward instead of a second upload (forward::GraphRun::lend_device_upload).
+  void lend_device_weight(const std::string& name, kernels::Tensor t);
 
   // Seconds in the forward pass and in the statistics, over every request so far.
   double forward_seconds() const { return forward_seconds_; }
@@ -51,9 +54,14 @@ class EngineCalibration {
   // and seconds, whose ratio is the calibration's arithmetic rate.
   forward::ProductMeter forward_products() const { return graph_->products(); }
   forward::ProductMeter statistics_products() const { return statistics_products_; }
-  // Bytes of the counted activation rows handed to the statistics (float32): what a device's statistics
-  // take up the bus while the forward pass runs on the host.
+  // Bytes of the counted activation rows handed to the statistics (float32): on a device, read where the
+  // forward left them.
   uint64_t statistics_row_bytes() const { return statistics_row_bytes_; }
+  // Whether the forward runs on the device, and the activations it put there from the host.
+  bool forward_on_device() const { return graph_->device() != nullptr; }
+  uint64_t activation_upload_bytes() const { return graph_->activation_upload_bytes(); }
+  // On a device: the operator types whose nodes ran on the host (no device form), nodes per type.
+  const std::map<std::string, int64_t>& host_operators() const { return graph_->host_ops(); }
 
  private:
   // Calibration batches run together: consecutive batches whose inputs have the same shapes, joined along

@@ -15,8 +15,18 @@ ActivationAccumulator::ActivationAccumulator(kernels::Backend& backend, int64_t 
   sums_.gram_block = gram_block;
 }
 
-void ActivationAccumulator::add_rows(const float* x, int64_t rows, const int64_t* counted) {
+void ActivationAccumulator::count_products(int64_t n, std::chrono::steady_clock::time_point t0) {
   const int64_t K = sums_.K, B = sums_.gram_block;
+  for (int64_t b = 0; B && b < kernels::num_blocks(K, B); ++b) {
+    const int64_t w = std::min(B, K - b * B);
+    products_.flop += double(n) * double(w) * double(w + 1);
+  }
+  if (!B) products_.flop += double(n) * double(K) * double(K + 1);
+  products_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ActivationAccumulator::add_rows(const float* x, int64_t rows, const int64_t* counted) {
+  const int64_t K = sums_.K;
   int64_t n = rows;
   forward::Floats packed;  // the counted rows side by side, where a mask leaves gaps
   if (counted && std::count(counted, counted + rows, int64_t(0)) > 0) {
@@ -28,18 +38,29 @@ void ActivationAccumulator::add_rows(const float* x, int64_t rows, const int64_t
   }
   if (n == 0 && !sums_.gram.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  // The rows go up once per batch: the forward pass still runs on the host, so its activations are there
-  // (on the CPU nothing moves). When the forward runs on the backend, they will be there already.
+  // Host rows (a forward run on the host: a graph input the engine captures) go up once per batch; on the
+  // CPU nothing moves. The device's own forward hands its rows to add_device_rows instead.
   kernels::Tensor xt = kernels::host_view(DType::kFloat32, {n, K}, x);
   if (n > 0) xt = backend_->upload(xt);
   backend_->accumulate_statistics(xt, sums_);
   xt.release();  // before `packed` goes: a device may still read from it until the operation has waited
-  for (int64_t b = 0; B && b < kernels::num_blocks(K, B); ++b) {
-    const int64_t w = std::min(B, K - b * B);
-    products_.flop += double(n) * double(w) * double(w + 1);
+  count_products(n, t0);
+}
+
+void ActivationAccumulator::add_device_rows(const kernels::Tensor& x, DType round, int64_t rows,
+                                            const std::vector<int64_t>* counted) {
+  const auto t0 = std::chrono::steady_clock::now();
+  kernels::Tensor xt = x;
+  xt.shape = {rows, sums_.K};
+  if (round != DType::kFloat32) xt = backend_->forward_round(xt, round);
+  int64_t n = rows;
+  if (counted && std::count(counted->begin(), counted->end(), int64_t(0)) > 0) {
+    xt = backend_->forward_select_rows(xt, *counted);
+    n = xt.shape[0];
   }
-  if (!B) products_.flop += double(n) * double(K) * double(K + 1);
-  products_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (n == 0 && !sums_.gram.empty()) return;
+  backend_->accumulate_statistics(xt, sums_);
+  count_products(n, t0);
 }
 
 MeasuredActivation ActivationAccumulator::finish() {

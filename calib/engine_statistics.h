@@ -5,6 +5,7 @@
 // whole, or only its diagonal blocks. The sums stay where the backend keeps them (a device's memory; host
 // memory on the CPU) and are handed to the search there; only Σ|x| (K values) comes back.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,9 @@ class ActivationAccumulator {
   // Adds the rows of x ([rows, K] float32, row-major, host memory) whose `counted` flag is set (all when
   // null).
   void add_rows(const float* x, int64_t rows, const int64_t* counted);
+  // The same for rows the backend holds (the forward on a device): x float32 [rows · K] there, rounded to
+  // `round`'s grid first where it is fp16/bf16 (a wide value), the counted rows selected there.
+  void add_device_rows(const kernels::Tensor& x, DType round, int64_t rows, const std::vector<int64_t>* counted);
   // The statistics: diagonal blocks complete (both triangles), a whole XᵀX packed (unpack_gram).
   MeasuredActivation finish();
   // The products so far: FLOPs (n·K·(K+1) each, the triangle computed) and seconds (a device's: until its
@@ -27,6 +31,8 @@ class ActivationAccumulator {
   const forward::ProductMeter& products() const { return products_; }
 
  private:
+  // The FLOPs of accumulating n rows, and the seconds since t0.
+  void count_products(int64_t n, std::chrono::steady_clock::time_point t0);
   kernels::Backend* backend_;
   kernels::ActivationSums sums_;
   forward::ProductMeter products_;

@@ -300,7 +300,7 @@ CLI::App* add_selftest_command(CLI::App& app, SelftestArgs& a) {
   return selftest;
 }
 
-CLI::App* add_forward_command(CLI::App& app, nibble::ForwardArgs& a) {
+CLI::App* add_forward_command(CLI::App& app, nibble::ForwardArgs& a, std::string& device) {
   CLI::App* fwd = app.add_subcommand(
       "forward", "Run the model's graph on nibble's own layer engine (no ONNX Runtime) and write chosen values; "
       "a check of the engine that calibration is moving to");
@@ -309,6 +309,8 @@ CLI::App* add_forward_command(CLI::App& app, nibble::ForwardArgs& a) {
   fwd->add_option("--values", a.values, "Names of the values to write (graph inputs, outputs or intermediates)")
       ->required()->delimiter(',');
   fwd->add_option("--out", a.out, "Folder the values and their index.json are written to")->required();
+  fwd->add_option("--device", device, "cpu (the default), cuda or cuda_emulated: where the float operators run")
+      ->capture_default_str();
   return fwd;
 }
 
@@ -386,7 +388,8 @@ int main(int argc, char** argv) {
   bool methods_json = false;
   CLI::App* methods = add_methods_command(app, methods_json);
   nibble::ForwardArgs forward_args;
-  CLI::App* fwd = add_forward_command(app, forward_args);
+  std::string forward_device = "cpu";
+  CLI::App* fwd = add_forward_command(app, forward_args, forward_device);
   if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
 
   try {
@@ -400,7 +403,10 @@ int main(int argc, char** argv) {
     }
     if (*eval) return nibble::run_eval(eval_opts);
     if (*methods) return nibble::run_methods(methods_json);
-    if (*fwd) return nibble::run_forward(forward_args);
+    if (*fwd) {
+      forward_args.device = nibble::parse_device(forward_device);
+      return nibble::run_forward(forward_args);
+    }
     if (*selftest) {
       const uint64_t memory =
           selftest_args.memory.empty() ? 0 : nibble::parse_size(selftest_args.memory, "--device_memory");

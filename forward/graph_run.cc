@@ -2,6 +2,9 @@
 
 #include <chrono>
 
+#include <cstring>
+
+#include "forward/device_ops.h"
 #include "forward/op_call.h"
 #include "loaders/error.h"
 
@@ -42,8 +45,9 @@ const Value* GraphRun::initializer(const std::string& name) {
   if (!t) return nullptr;
   auto view = std::make_shared<TensorView>(model_.view(*t));
   views_.push_back(view);
-  Value v{view->dtype, view->dims, view->data, view};
-  if ((v.dtype == DType::kFloat16 || v.dtype == DType::kBFloat16) && widened_bytes_ + size_t(v.numel()) * 4 <= kWidenedBudget) {
+  Value v{view->dtype, view->dims, view->data, view, false, {}};
+  // On a device they go up as they are and are widened there (half the bytes across the bus).
+  if (!device_ && (v.dtype == DType::kFloat16 || v.dtype == DType::kBFloat16) && widened_bytes_ + size_t(v.numel()) * 4 <= kWidenedBudget) {
     v = from_floats(v.dtype, v.shape, to_floats(v), /*wide=*/true);  // exact: every fp16/bf16 value is a float32
     widened_bytes_ += v.bytes();
   }
@@ -52,6 +56,10 @@ const Value* GraphRun::initializer(const std::string& name) {
 
 void GraphRun::release_weights() {
   initializers_.clear();
+  device_initializers_.clear();
+  device_uploads_.clear();
+  device_upload_bytes_ = 0;
+  lent_.clear();
   widened_bytes_ = 0;
   for (const auto& v : views_)
     if (v->external) model_.release(*v);
@@ -71,31 +79,103 @@ GraphRun::State GraphRun::start(const std::map<std::string, Value>& feeds, const
   return s;
 }
 
+Value GraphRun::device_value(const Value& v, const std::string& name, bool is_initializer) {
+  if (is_initializer) {
+    if (auto it = device_initializers_.find(name); it != device_initializers_.end()) return it->second;
+    if (auto it = shared_initializers_.find(name); it != shared_initializers_.end()) return it->second;
+  }
+  const bool lent = is_initializer && !overrides_.count(name) && lent_.count(name);
+  kernels::Tensor d = lent ? lent_.at(name) : device_->upload(kernels::host_view(v.storage(), v.shape, v.data));
+  if (!is_initializer) activation_upload_bytes_ += v.bytes();
+  if (is_initializer && !lent && d.buffer && !overrides_.count(name) &&
+      device_upload_bytes_ + d.bytes() <= device_->device_memory().budget / 4) {
+    device_uploads_[name] = d;  // the search's copy of this weight (Calibration::take_device_weights)
+    device_upload_bytes_ += d.bytes();
+  }
+  if (v.storage() != DType::kFloat32) d = device_->forward_widen(d);
+  Value r = v;  // keeps `hold`: the host bytes stay while their upload may be in flight
+  r.data = nullptr;
+  r.device = std::move(d);
+  r.device.shape = v.shape;
+  if (is_initializer) (readers_[name] > 1 ? shared_initializers_ : device_initializers_)[name] = r;
+  return r;
+}
+
+Value GraphRun::host_value(const Value& v) const {
+  if (!v.on_device()) return v;
+  const std::vector<uint8_t> raw = device_->download(v.device);
+  Floats f(raw.size() / sizeof(float));
+  std::memcpy(f.data(), raw.data(), raw.size());
+  return from_floats(v.dtype, v.shape, std::move(f), v.wide);
+}
+
+std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in) {
+  OpCall call{n, {}, op.float32_on_cpu, &products_};
+  std::vector<Value> held;  // inputs converted for this node (reserved: pointers into it stay valid)
+  held.reserve(2 * in.size());
+  if (device_) {
+    if (const DeviceOpFn f = find_device_op(n.domain(), n.op_type())) {
+      for (const Value* v : in) {
+        if (v && v->on_device() && v->wide && !op.float32_on_cpu) {
+          Value r = *v;  // ONNX Runtime's inserted Cast, on the device
+          r.device = device_->forward_round(v->device, v->dtype);
+          r.device.shape = v->shape;
+          r.wide = false;
+          held.push_back(std::move(r));
+          v = &held.back();
+        }
+        call.in.push_back(v);
+      }
+      std::vector<Value> outs;
+      if (f(call, *device_, outs)) return outs;
+      call.in.clear();
+    }
+    ++host_ops_[n.op_type()];
+  }
+  for (const Value* v : in) {
+    if (v && v->on_device()) {
+      held.push_back(host_value(*v));
+      v = &held.back();
+    }
+    if (v && v->wide && !op.float32_on_cpu) {
+      held.push_back(narrow(*v));
+      v = &held.back();
+    }
+    call.in.push_back(v);
+  }
+  return op.fn(call);
+}
+
 void GraphRun::advance(State& s, size_t end, const std::set<std::string>& capture, const Capture& on_capture) {
   const auto& nodes = model_.proto().graph().node();
   for (; s.next < std::min(end, size_t(nodes.size())); ++s.next) {
     const onnx::NodeProto& n = nodes[int(s.next)];
     const OpEntry* op = find_op(n.domain(), n.op_type());
     if (!op) throw Error("forward: node '" + n.name() + "': operator " + n.op_type() + " is not supported by the layer engine");
-    OpCall call{n, {}, op->float32_on_cpu, &products_};
-    std::vector<Value> rounded;  // inputs rounded for an operator with an fp16 kernel
-    rounded.reserve(size_t(n.input_size()));
+    const bool on_device = device_ && find_device_op(n.domain(), n.op_type());
+    std::vector<const Value*> in;
+    std::vector<Value> uploaded;  // initializers' device copies for this node
+    uploaded.reserve(size_t(n.input_size()));
     for (const auto& i : n.input()) {
       if (i.empty()) {
-        call.in.push_back(nullptr);
+        in.push_back(nullptr);
         continue;
       }
       auto it = s.live.find(i);
       const Value* v = it != s.live.end() ? &it->second : initializer(i);
       if (!v) throw Error("forward: node '" + n.name() + "' reads '" + i + "', which nothing produced");
-      if (v->wide && !op->float32_on_cpu) {
-        rounded.push_back(narrow(*v));
-        v = &rounded.back();
+      if (on_device && v->present() && v->is_float() && !v->on_device()) {
+        if (it != s.live.end()) {  // an activation goes up once, for every later reader
+          it->second = device_value(it->second, i, false);
+        } else {
+          uploaded.push_back(device_value(*v, i, true));
+          v = &uploaded.back();
+        }
       }
-      call.in.push_back(v->present() ? v : nullptr);
+      in.push_back(v->present() ? v : nullptr);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<Value> outs = op->fn(call);
+    std::vector<Value> outs = run_node(n, *op, std::move(in));
     seconds_[n.op_type()] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& i : n.input())
       if (!i.empty() && --s.left[i] == 0) s.live.erase(i);
@@ -115,7 +195,7 @@ std::map<std::string, Value> GraphRun::run(const std::map<std::string, Value>& f
   wanted.insert(keep.begin(), keep.end());
   const Capture both = [&](const std::string& name, const Value& v) {
     if (capture.count(name) && on_capture) on_capture(name, v);
-    if (keep.count(name)) kept[name] = v;
+    if (keep.count(name)) kept[name] = host_value(v);
   };
   State s = start(feeds, wanted, both);
   advance(s, nodes(), wanted, both);

@@ -11,9 +11,12 @@
 
 #include "forward/matmul.h"
 #include "forward/value.h"
+#include "kernels/backend.h"
 #include "loaders/onnx_model.h"
 
 namespace nibble::forward {
+
+struct OpEntry;
 
 class GraphRun {
  public:
@@ -50,11 +53,35 @@ class GraphRun {
 
   // From now on the initializer `name` reads as `v` (a quantized weight dequantized, fed forward in its
   // float form), whatever the file holds.
-  void substitute(const std::string& name, Value v) { overrides_[name] = std::move(v); }
+  void substitute(const std::string& name, Value v) {
+    overrides_[name] = std::move(v);
+    device_initializers_.erase(name);
+    shared_initializers_.erase(name);
+  }
 
   // Drops the resident pages of every initializer read so far (they come back from the file when read
   // again): the memory-mapped weights would otherwise stay in the process's memory once touched.
   void release_weights();
+
+  // From now on the float operators with a device form (device_ops.h) run on `device` (a backend with a
+  // transfer ledger), their values kept there; initializers go up once until release_weights. Values a host
+  // operator reads come down (the ledger counts them); capture and run() hand over device values as they are
+  // (host_value brings one back). Null: everything on the host (the CPU's engine).
+  void use_backend(kernels::Backend* device) { device_ = device; }
+  kernels::Backend* device() const { return device_; }
+  // v with host data: a device value downloaded (its bits unchanged), any other as it is.
+  Value host_value(const Value& v) const;
+  // The initializers' uploads kept since release_weights (their bytes as stored, on the device; overrides
+  // excepted), within a quarter of the device's budget: handed over, no longer held here.
+  std::map<std::string, kernels::Tensor> take_device_uploads() { return std::move(device_uploads_); }
+  // The device's copy of initializer `name` (its bytes as stored; a search uploaded it) for this run to read
+  // instead of uploading it again, until release_weights.
+  void lend_device_upload(const std::string& name, kernels::Tensor t) { lent_[name] = std::move(t); }
+  // On a device: the bytes of activations (graph inputs, the host operators' results: embedding rows, token
+  // positions) put on it, as they were on the host.
+  uint64_t activation_upload_bytes() const { return activation_upload_bytes_; }
+  // The operator types that ran on the host on a device run, with how many nodes each (for the report).
+  const std::map<std::string, int64_t>& host_ops() const { return host_ops_; }
 
   // Seconds spent per operator type since construction (for the report).
   const std::map<std::string, double>& seconds_per_op() const { return seconds_; }
@@ -77,7 +104,20 @@ class GraphRun {
   std::map<std::string, size_t> producers_;    // node index per output name
   std::map<std::string, double> seconds_;
   ProductMeter products_;
+  kernels::Backend* device_ = nullptr;
+  std::map<std::string, Value> device_initializers_;  // uploaded once per group (release_weights)
+  std::map<std::string, kernels::Tensor> device_uploads_;  // take_device_uploads
+  // Initializers more than one node reads (the rotary caches of every layer): kept across release_weights.
+  std::map<std::string, Value> shared_initializers_;
+  std::map<std::string, kernels::Tensor> lent_;  // lend_device_upload
+  uint64_t device_upload_bytes_ = 0;
+  uint64_t activation_upload_bytes_ = 0;
+  std::map<std::string, int64_t> host_ops_;
   const Value* initializer(const std::string& name);
+  // v on the device as float32 (uploaded, widened there); an initializer's upload is kept by name.
+  Value device_value(const Value& v, const std::string& name, bool is_initializer);
+  // One node: on the device where its operator has a device form that takes it, else on the host.
+  std::vector<Value> run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in);
 };
 
 }  // namespace nibble::forward

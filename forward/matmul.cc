@@ -7,18 +7,14 @@
 #include <algorithm>
 #include <climits>
 
+#include "kernels/forward_math.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
 
 namespace nibble::forward {
 
 void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      float s = 0.0f;
-      for (int64_t k = 0; k < K; ++k) s += A[m * K + k] * (b_transposed ? B[n * K + k] : B[k * N + n]);
-      C[m * N + n] = s;
-    }
+  kernels::fw::matmul_ref(A, B, C, M, K, N, b_transposed);
 }
 
 void use_single_threaded_blas() {
@@ -37,14 +33,9 @@ void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K,
               int(K), B, b_transposed ? int(K) : int(N), 0.0f, C, int(N));
 }
 
-int64_t panel_rows(int64_t M) {
-  // A panel of fewer than 256 rows loses a tenth of sgemm's rate to packing B again (bench/sgemm_rate.py
-  // --panels): four panels of a joined run of 1024 tokens.
-  const int64_t quarter = (M + 3) / 4;
-  return std::clamp<int64_t>((quarter + 63) / 64 * 64, 64, 512);
-}
+int64_t panel_rows(int64_t M) { return kernels::forward_panel_rows(M); }
 
-int64_t panel_columns(int64_t N) { return N <= 2048 ? N : 1024; }
+int64_t panel_columns(int64_t N) { return kernels::forward_panel_columns(N); }
 
 void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
   const int64_t rows = panel_rows(M), cols = panel_columns(N);

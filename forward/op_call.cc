@@ -52,4 +52,11 @@ int64_t normalize_axis(const OpCall& c, int64_t axis, size_t rank) {
   return axis < 0 ? axis + r : axis;
 }
 
+int64_t trailing_width(const OpCall& c, const Value& x) {
+  const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), x.shape.size()));
+  int64_t w = 1;
+  for (size_t i = axis; i < x.shape.size(); ++i) w *= x.shape[i];
+  return w;
+}
+
 }  // namespace nibble::forward

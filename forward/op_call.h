@@ -56,5 +56,7 @@ std::vector<std::string> known_ops();
 
 // A negative axis counted from the end, checked against the rank.
 int64_t normalize_axis(const OpCall& c, int64_t axis, size_t rank);
+// The elements of x from the node's `axis` attribute (default -1) on: a norm's row width.
+int64_t trailing_width(const OpCall& c, const Value& x);
 
 }  // namespace nibble::forward

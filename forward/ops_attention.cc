@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "forward/broadcast.h"
+#include "forward/device_ops.h"
 #include "forward/fast_exp.h"
 #include "forward/op_table.h"
 #include "forward/matmul.h"
@@ -175,6 +176,30 @@ std::vector<Value> group_query_attention(const OpCall& c) {
 }
 
 }  // namespace
+
+kernels::AttentionShape gqa_shape(const OpCall& c, std::vector<int64_t>& keys) {
+  const Gqa g = read_gqa(c);
+  const auto seqlens = to_ints(c.need(5));
+  const auto total = to_ints(c.need(6));
+  if (int64_t(seqlens.size()) != g.B) c.fail("seqlens_k has " + std::to_string(seqlens.size()) + " values for batch " + std::to_string(g.B));
+  if (total.size() != 1 || total[0] != g.S) c.fail("total_sequence_length must equal the sequence length (a prompt)");
+  keys.clear();
+  for (int64_t n : seqlens) keys.push_back(std::min(g.S, n + 1));
+  kernels::AttentionShape a;
+  a.B = g.B;
+  a.S = g.S;
+  a.Hq = g.Hq;
+  a.Hkv = g.Hkv;
+  a.D = g.D;
+  a.rot_half = g.rotary ? g.rot_half : 0;
+  a.window = g.window;
+  a.scale = g.scale;
+  a.softcap = g.softcap;
+  a.interleaved = g.interleaved;
+  a.packed = !c.input(1);
+  a.round = int(c.need(0).dtype);
+  return a;
+}
 
 // RotaryEmbedding (com.microsoft): input [B, S, N·D] (num_heads given) or [B, N, S, D]; position ids [B, S],
 // or one offset for positions offset + s; the first rotary_embedding_dim (default: the caches' width · 2)

@@ -66,18 +66,11 @@ std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width,
   return out;
 }
 
-int64_t width_from(const OpCall& c, const Value& x) {
-  const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), x.shape.size()));
-  int64_t w = 1;
-  for (size_t i = axis; i < x.shape.size(); ++i) w *= x.shape[i];
-  return w;
-}
-
 std::vector<Value> simplified(const OpCall& c) {
   NormParts p;
   p.x = &c.need(0);
   p.gamma = &c.need(1);
-  return normalize(c, p, width_from(c, *p.x), true, false);
+  return normalize(c, p, trailing_width(c, *p.x), true, false);
 }
 
 std::vector<Value> layer_norm(const OpCall& c) {
@@ -85,7 +78,7 @@ std::vector<Value> layer_norm(const OpCall& c) {
   p.x = &c.need(0);
   p.gamma = &c.need(1);
   p.beta = c.input(2);
-  return normalize(c, p, width_from(c, *p.x), false, false);
+  return normalize(c, p, trailing_width(c, *p.x), false, false);
 }
 
 // SkipSimplifiedLayerNormalization(input, skip, gamma, bias) and

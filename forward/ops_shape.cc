@@ -32,6 +32,7 @@ Value strided_copy(const Value& in, const std::vector<int64_t>& out_shape, const
 Value reshaped(const Value& in, std::vector<int64_t> shape) {
   Value v = in;
   v.shape = std::move(shape);
+  if (v.on_device()) v.device.shape = v.shape;  // a device value is relabelled the same way
   return v;
 }
 

@@ -15,7 +15,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 int64_t Value::numel() const { return numel_of(shape); }
 
 Value new_value(DType dtype, std::vector<int64_t> shape, void** out) {
-  Value v{dtype, std::move(shape), nullptr, {}};
+  Value v{dtype, std::move(shape), nullptr, {}, false, {}};
   const size_t n = v.bytes();
   if (dtype_size(dtype) == 0) throw Error("forward: no storage for element type " + dtype_name(dtype));
   void* p = pool_alloc(n);
@@ -27,7 +27,7 @@ Value new_value(DType dtype, std::vector<int64_t> shape, void** out) {
 }
 
 Value view_value(DType dtype, std::vector<int64_t> shape, const void* data) {
-  return Value{dtype, std::move(shape), data, {}};
+  return Value{dtype, std::move(shape), data, {}, false, {}};
 }
 
 Floats to_floats(const Value& v) {
@@ -52,7 +52,7 @@ Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool w
     if (int64_t(values.size()) != numel_of(shape)) throw Error("forward: " + std::to_string(values.size()) +
                                                                " elements for shape " + shape_text(shape));
     auto held = std::make_shared<Floats>(std::move(values));
-    return Value{dtype, std::move(shape), held->data(), held, wide};
+    return Value{dtype, std::move(shape), held->data(), held, wide, {}};
   }
   void* p = nullptr;
   Value v = new_value(dtype, std::move(shape), &p);

@@ -9,9 +9,12 @@
 
 #include "forward/buffer_pool.h"
 #include "kernels/dtype.h"
+#include "kernels/tensor.h"
 
 namespace nibble::forward {
 
+// `device`: a float value the run's device backend holds (GraphRun::use_backend): float32 values there (an
+// fp16/bf16 value's rounded to its type unless `wide`), `data` null; the host reads it after a download.
 // `wide`: an fp16/bf16 value held unrounded in float32 (the result of an operator ONNX Runtime's CPU
 // provider runs in float32 between Casts it inserts: see graph_run.h); `dtype` stays the graph's type.
 struct Value {
@@ -20,8 +23,10 @@ struct Value {
   const void* data = nullptr;
   std::shared_ptr<const void> hold;  // keeps `data` alive where the value owns it
   bool wide = false;
+  kernels::Tensor device;
 
   int64_t numel() const;
+  bool on_device() const { return !device.empty(); }
   DType storage() const { return wide ? DType::kFloat32 : dtype; }
   size_t bytes() const { return size_t(numel()) * dtype_size(storage()); }
   bool is_float() const { return is_quantizable_float(dtype); }

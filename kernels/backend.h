@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/forward_types.h"
 #include "kernels/quant_types.h"
 #include "kernels/tensor.h"
 

@@ -66,6 +66,7 @@ const std::vector<std::string>& backend_op_names() {
 
 std::vector<OpCheck> check_backend_tensors(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_statistics(Backend& ref, Backend& b, const std::vector<Case>& cs);
+std::vector<OpCheck> check_backend_forward(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs);
 
@@ -73,7 +74,7 @@ std::vector<OpCheck> check_backend_ops(Backend& b) {
   auto ref = make_reference_backend();
   const std::vector<Case> cs = check::cases();
   std::vector<OpCheck> out = check_backend_tensors(*ref, b, cs);
-  for (auto* part : {&check_backend_statistics, &check_backend_ops_part1, &check_backend_ops_part2})
+  for (auto* part : {&check_backend_statistics, &check_backend_forward, &check_backend_ops_part1, &check_backend_ops_part2})
     for (OpCheck& c : part(*ref, b, cs)) out.push_back(std::move(c));
   return out;
 }

@@ -52,6 +52,20 @@ kernels::WeightMatrix KeptWeights::get(kernels::Backend& backend, const PlannedW
   return w;
 }
 
+kernels::Tensor KeptWeights::held_tensor(const PlannedWeight& pw) const {
+  const auto it = kept_.find(pw.weight);
+  if (it == kept_.end()) return {};
+  return kernels::Tensor{pw.dtype, {pw.rows, pw.cols}, nullptr, it->second.copy};
+}
+
+bool KeptWeights::adopt(const PlannedWeight& pw, const kernels::Tensor& copy) {
+  const uint64_t bytes = bytes_of(pw);
+  if (!copy.buffer || copy.dtype != pw.dtype || copy.bytes() != bytes || kept_.count(pw.weight)) return false;
+  kept_[pw.weight] = Held{copy.buffer, bytes};
+  held_bytes_ += bytes;
+  return true;
+}
+
 kernels::WeightMatrix KeptWeights::take(const PlannedWeight& pw, const void* data) {
   kernels::WeightMatrix w = view_of(pw, data);
   const auto it = kept_.find(pw.weight);

@@ -27,6 +27,11 @@ class KeptWeights {
   kernels::WeightMatrix get(kernels::Backend& backend, const PlannedWeight& pw, const void* data);
   // The weight of `pw` with its kept copy when there is one (else the host view), forgotten here.
   kernels::WeightMatrix take(const PlannedWeight& pw, const void* data);
+  // Holds `copy` (the backend's copy of the weight's bytes as stored, e.g. the layer engine's upload) for
+  // `pw` when its size is the weight's; true when held.
+  bool adopt(const PlannedWeight& pw, const kernels::Tensor& copy);
+  // The held copy of `pw` as a tensor of its bytes as stored (empty when none is held).
+  kernels::Tensor held_tensor(const PlannedWeight& pw) const;
   size_t size() const { return kept_.size(); }
   // Whether a copy of this weight is held (the quantizer then reads it; nothing prefetches it again).
   bool holds(const std::string& weight) const { return kept_.count(weight) > 0; }

@@ -31,6 +31,9 @@ nlohmann::json layer_engine_json(const EngineCalibration& e) {
           {"statistics_gflop", s.flop * 1e-9},
           {"product_seconds", f.seconds + s.seconds},
           {"statistics_row_bytes", e.statistics_row_bytes()},
+          {"forward_on_device", e.forward_on_device()},
+          {"activation_upload_bytes", e.activation_upload_bytes()},
+          {"host_operators", e.host_operators()},
           {"gflops", seconds > 0 ? flop * 1e-9 / seconds : 0.0}};
 }
 
@@ -100,15 +103,17 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
   for (const auto& s : planned.plan.skipped)
     skipped.push_back({{"node", s.node}, {"op_type", s.op_type}, {"reason", s.reason}});
   // Who ran each stage: calibration is ONNX Runtime in calib/capture.py, or the layer engine, whose forward
-  // runs on the CPU and whose statistics build up on the backend; the array work is the backend's.
+  // runs on a device backend (the CPU's own operators on the CPU) and whose statistics build up on the
+  // backend; the array work is the backend's.
+  const kernels::TransferLedger* ledger = backend.transfer_ledger();
   nlohmann::json stages = {{"quantize", backend.name()}, {"pack", backend.name()}};
   if (needs_calibration(o)) {
     stages["calibrate"] = o.calib.layer_engine
-                              ? "nibble layer engine (forward: cpu, statistics: " + backend.name() + ")"
+                              ? "nibble layer engine (forward: " + std::string(ledger ? backend.name() : "cpu") +
+                                    ", statistics: " + backend.name() + ")"
                               : "onnxruntime (" + o.calib.calibration_eps + ")";
     stages["search"] = backend.name();
   }
-  const kernels::TransferLedger* ledger = backend.transfer_ledger();
   nlohmann::json report = {{"tool", "nibble"},
                            {"options", options_to_json(o)},
                            {"backend", backend.name()},

@@ -143,6 +143,11 @@ int run_quantize(const QuantizeOptions& given) {
   bopt.device = o.device;
   bopt.device_memory = o.device_memory;
   auto backend = kernels::make_backend(bopt, &why);
+  // The layer engine holds activations on a device backend: it goes first.
+  struct DropEngine {
+    QuantizeOptions& o;
+    ~DropEngine() { o.calib.layer_engine.reset(); }
+  } drop_engine{o};
 
   StageSeconds secs;
   auto lap = [mark = t0]() mutable {  // seconds since the last lap

@@ -28,6 +28,7 @@ int run_methods(bool json);
 struct ForwardArgs {
   std::string onnx_path, feeds, out;
   std::vector<std::string> values;
+  kernels::Device device = kernels::Device::kCpu;  // a device backend runs the engine's float operators
 };
 int run_forward(const ForwardArgs& args);
 

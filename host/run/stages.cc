@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "calib/engine_calibration.h"
 #include "host/formats.h"
 #include "host/graph/gather_plan.h"
 #include "host/graph/opset.h"
@@ -110,6 +111,10 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
   const bool picked = mixed_needs_calibration(o) && planned.mixed.picked;
   // The weights the searches keep on a device for the quantizer share one room there.
   if (awq || mixed_needs_calibration(o)) s.kept.reserve(backend, plan);
+  // What the layer engine's forward uploaded: the searches and the quantizer read those copies.
+  const std::map<std::string, kernels::Tensor> uploaded = s.calib->take_device_weights();
+  for (const auto& pw : plan.weights)
+    if (auto it = uploaded.find(pw.weight); it != uploaded.end()) s.kept.adopt(pw, it->second);
   if (awq) search_scales(o, model, picked ? at_four_bits(plan, o.block_size) : plan, backend, s);
   if (awq) spdlog::info("awq-lite search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(ts));
   if (picked && awq) research_int8(model, plan, *s.calib, o, backend, int8_activations(plan), &s.choices, &s.kept);
@@ -122,6 +127,11 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
     spdlog::info("clip search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(tk));
   }
   if (o.uses_gptq()) s.quantizer = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
+  // The next group's forward reads some of these weights (a layer's last product runs with the next
+  // layer): it takes the copies the searches left on the device.
+  if (o.calib.layer_engine)
+    for (const auto& pw : plan.weights)
+      if (kernels::Tensor t = s.kept.held_tensor(pw); !t.empty()) o.calib.layer_engine->lend_device_weight(pw.weight, t);
   s.search_seconds = seconds_since(ts);
 }
 

@@ -11,6 +11,7 @@
 #include "kernels/cpu/clip_fast.h"
 #include "kernels/cpu/clip_ref.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/forward_ref.h"
 #include "kernels/cpu/gptq_fast.h"
 #include "kernels/cpu/gptq_ref.h"
 #include "kernels/cpu/learned_rounding_cpu.h"
@@ -97,6 +98,9 @@ class CpuBackend final : public CpuCommon {
                                         const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
     return learned_rounding_fast(w, spec, gram, inv_s, opt, q);
   }
+  Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
+    return forward_matmul_with(x, w, w_transposed, forward_matmul_sgemm);
+  }
 };
 
 class ReferenceBackend final : public CpuCommon {
@@ -143,6 +147,9 @@ class ReferenceBackend final : public CpuCommon {
   LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
                                         const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
     return learned_rounding_ref(w, spec, gram, inv_s, opt, q);
+  }
+  Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
+    return forward_matmul_with(x, w, w_transposed, forward_matmul_ref);
   }
 };
 

@@ -32,6 +32,15 @@ class CpuCommon : public Backend {
   Tensor unpack_gram(const Tensor& packed, int64_t K) override;
   Tensor gram_to_f32(const Tensor& gram) override;
   bool all_finite(const Tensor& t) override;
+  // The layer engine's forward: the references (forward_ref.h) but the product (forward_cpu.cc).
+  Tensor forward_widen(const Tensor& t) override;
+  Tensor forward_round(const Tensor& x, DType to) override;
+  Tensor forward_select_rows(const Tensor& x, const std::vector<int64_t>& counted) override;
+  Tensor forward_columns(const Tensor& x, int64_t begin, int64_t width) override;
+  Tensor forward_binary(ForwardBinary op, const Tensor& a, const Tensor& b) override;
+  Tensor forward_unary(ForwardUnary op, const Tensor& x) override;
+  std::vector<Tensor> forward_norm(const NormArgs& a) override;
+  std::vector<Tensor> forward_attention(const AttentionArgs& a) override;
   std::vector<float> clip_search_modelopt(const WeightMatrix& w, const QuantSpec& spec, const float* x, int64_t T,
                                           const std::vector<double>& ratios, int64_t bsz_col) override;
   std::vector<uint8_t> pack_onnx(const std::vector<uint8_t>& codes, int bits) override;

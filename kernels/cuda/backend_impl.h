@@ -110,6 +110,13 @@ class CudaBackend final : public Backend {
     dev_->count_launch();
     return *la_;
   }
+  // The layer engine's forward (backend_forward.cu): t's values as float32 on the device (this backend's
+  // float32 in place; anything else widened, and host bytes uploaded, into `tmp`); a result left on the
+  // device; whether `bytes` more fit the budget; t with host data (this backend's downloaded).
+  const float* forward_input(const Tensor& t, DeviceBuffer<float>& tmp);
+  Tensor forward_result(DeviceBuffer<float>&& b, std::vector<int64_t> shape);
+  bool forward_fits(uint64_t bytes) const;
+  Tensor forward_host_copy(const Tensor& t);
   // A float32 [rows, cols] result left on the device as a tensor.
   Tensor device_tensor(DeviceBuffer<float>&& b, int64_t rows, int64_t cols);
   // The device copy of an array this backend kept (null: none, or another backend's); the compute stream

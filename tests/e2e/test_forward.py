@@ -54,10 +54,11 @@ def ort_values(model_path: str, feeds: dict, names: list[str], elem_type: int) -
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def native_values(nibble, model_path: str, feeds: dict, names: list[str], tmp) -> tuple[dict, dict]:
-    """The named values from `nibble forward`, and its timings."""
+def native_values(nibble, model_path: str, feeds: dict, names: list[str], tmp, device: str = "cpu") -> tuple[dict, dict]:
+    """The named values from `nibble forward` (its float operators on `device`), and its timings."""
+    tmp = tmp / device
     fd = tmp / "feeds"
-    fd.mkdir()
+    fd.mkdir(parents=True)
     index = []
     for i, (name, arr) in enumerate(feeds.items()):
         arr = np.ascontiguousarray(arr)
@@ -66,7 +67,7 @@ def native_values(nibble, model_path: str, feeds: dict, names: list[str], tmp) -
     (fd / "index.json").write_text(json.dumps(index))
     out = tmp / "native"
     r = nibble.run("forward", "--onnx_path", model_path, "--feeds", str(fd), "--values", ",".join(names),
-                   "--out", str(out))
+                   "--out", str(out), "--device", device)
     assert r.returncode == 0, r.describe()
     top = json.loads((out / "index.json").read_text())
     vals = {}
@@ -82,12 +83,18 @@ def rel_rms(native: np.ndarray, ref: np.ndarray) -> float:
     return float(np.sqrt(np.mean((native.astype(np.float64) - ref) ** 2)) / (den if den > 0 else 1.0))
 
 
-def compare(nibble, model_path: str, feeds: dict, dtype: str, tmp) -> dict:
+def compare(nibble, model_path: str, feeds: dict, dtype: str, tmp, device: str = "cpu") -> dict:
+    """Every calibrated activation and the logits against ONNX Runtime's; on the emulated device, also equal to
+    the CPU's bit for bit (the same arithmetic: its products are OpenBLAS's in the CPU's calls)."""
     m = onnx.load(model_path, load_external_data=False)
     names = matmul_activations(m) + [m.graph.output[0].name]
     elem = ONNX_FLOAT[np.dtype(np.float16 if dtype == "fp16" else np.float32)]
     ref = ort_values(model_path, feeds, names, elem)
-    nat, _ = native_values(nibble, model_path, feeds, names, tmp)
+    nat, _ = native_values(nibble, model_path, feeds, names, tmp, device)
+    if device == "cuda_emulated":
+        cpu, _ = native_values(nibble, model_path, feeds, names, tmp, "cpu")
+        for n in names:
+            assert np.array_equal(nat[n], cpu[n]), f"{n}: the emulated device's forward differs from the CPU's"
     errors = {n: rel_rms(nat[n], ref[n]) for n in names}
     for n in names:
         assert nat[n].shape == ref[n].shape, n
@@ -111,12 +118,13 @@ def smollm2_feeds(model_path: str, dtype: str, batch: int = 2, seq: int = 48, se
     return feeds
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_smollm2_activations_equal_onnx_runtime(nibble, tmp_path, dtype):
+def test_smollm2_activations_equal_onnx_runtime(nibble, tmp_path, dtype, device):
     sys.path.insert(0, os.path.join(REPO, "tools"))
     import smollm2_to_onnx as conv
     path = os.path.join(smollm2_dir(conv, dtype), "model.onnx")
-    errors = compare(nibble, path, smollm2_feeds(path, dtype), dtype, tmp_path)
+    errors = compare(nibble, path, smollm2_feeds(path, dtype), dtype, tmp_path, device)
     assert len(errors) == 30 * 4 + 2  # qkv, o, gate/up, down per layer; lm_head; the logits
 
 
@@ -141,11 +149,12 @@ def test_smollm2_each_layer_from_onnx_runtimes_input(nibble, dtype):
         assert chained <= 1.5 * ort_basic, f"chained {chained:.3g} against ONNX Runtime's own {ort_basic:.3g}"
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_generated_llama_activations_equal_onnx_runtime(nibble, tmp_path, dtype):
+def test_generated_llama_activations_equal_onnx_runtime(nibble, tmp_path, dtype, device):
     spec = models.LlamaSpec(dtype=dtype)
     path = models.save(models.make_llama(spec), str(tmp_path / "llama.onnx"))
-    errors = compare(nibble, path, models.llama_inputs(spec, batch=2, seq=7), dtype, tmp_path)
+    errors = compare(nibble, path, models.llama_inputs(spec, batch=2, seq=7), dtype, tmp_path, device)
     assert len(errors) == 4 * spec.layers + 2
 
 
@@ -271,13 +280,14 @@ def make_genai_like(form: str, dtype: str, H: int = 128, heads: int = 4, kv_head
                              ir_version=10)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_genai_layer_forms_equal_onnx_runtime(nibble, tmp_path, form, dtype):
+def test_genai_layer_forms_equal_onnx_runtime(nibble, tmp_path, form, dtype, device):
     path = models.save(make_genai_like(form, dtype), str(tmp_path / f"{form}.onnx"))
     rng = np.random.default_rng(8)
     feeds = {"input_ids": rng.integers(0, 128, (2, 12)).astype(np.int64), "attention_mask": np.ones((2, 12), np.int64)}
-    errors = compare(nibble, path, feeds, dtype, tmp_path)
+    errors = compare(nibble, path, feeds, dtype, tmp_path, device)
     assert len(errors) == 2 * 4 + 2  # per layer: q/k/v (or qkv), o, gate/up, down; lm_head; the logits
 
 

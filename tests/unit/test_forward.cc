@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <cmath>
 #include <map>
 #include <random>
@@ -15,6 +17,7 @@
 #include "forward/fast_exp.h"
 #include "forward/op_call.h"
 #include "forward/value.h"
+#include "kernels/forward_math.h"
 
 namespace {
 nibble::forward::Floats random_floats(size_t n, uint32_t seed) {
@@ -144,6 +147,26 @@ TEST(ForwardOps, OrderedSumFoldsEightPartialSumsInAFixedOrder) {
   EXPECT_EQ(ordered_sum(x.data(), 13),
             ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])));
   EXPECT_EQ(ordered_sum(x.data(), 0), 0.0f);
+}
+
+// The device bodies' scalar exp, sigmoid and sum (kernels/forward_math.h) are the host's lanes, bit for bit:
+// the emulated device then gives the CPU engine's activations, and a GPU too (no fused multiply-add there).
+TEST(ForwardOps, ScalarDeviceArithmeticEqualsTheHostsLanes) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> d(-100.0f, 100.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = i < 4 ? std::array<float, 4>{0.0f, -0.0f, 88.5f, -90.0f}[size_t(i)] : d(rng);
+    const float lanes = exp_fast(x), scalar = kernels::fw::exp_fast(x);
+    ASSERT_EQ(std::memcmp(&lanes, &scalar, 4), 0) << x;
+    float sig = 0.0f;
+    sigmoid_rows(&x, &sig, 1);
+    ASSERT_EQ(sig, kernels::fw::sigmoid(x)) << x;
+  }
+  EXPECT_TRUE(std::isnan(kernels::fw::exp_fast(NAN)));
+  for (int64_t n : {0, 5, 8, 13, 100}) {
+    const Floats x = random_floats(size_t(n), 6);
+    EXPECT_EQ(ordered_sum(x.data(), n), kernels::fw::ordered_sum(x.data(), n)) << n;
+  }
 }
 
 TEST(ForwardOps, UnknownOperatorIsNotFound) {

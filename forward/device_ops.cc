@@ -1,5 +1,6 @@
 #include "forward/device_ops.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -154,6 +155,26 @@ bool split(const OpCall& c, Backend& b, std::vector<Value>& out) {
   return true;
 }
 
+// Slice of one axis, the last, with step 1 (Phi-3's gate and up cut from one product): its columns. The
+// bounds are clamped as ONNX (and the host's Slice) clamps them.
+bool slice(const OpCall& c, Backend& b, std::vector<Value>& out) {
+  const Value& x = c.need(0);
+  if (!floats_on_device(c, {0}) || x.shape.empty()) return false;
+  const auto starts = to_ints(c.need(1)), ends = to_ints(c.need(2));
+  const auto axes = c.input(3) ? to_ints(*c.input(3)) : std::vector<int64_t>{0};
+  const auto steps = c.input(4) ? to_ints(*c.input(4)) : std::vector<int64_t>{1};
+  if (starts.size() != 1 || ends.size() != 1 || axes.size() != 1 || steps.size() != 1 || steps[0] != 1 ||
+      size_t(normalize_axis(c, axes[0], x.shape.size())) + 1 != x.shape.size())
+    return false;
+  const int64_t C = x.shape.back();
+  auto clamp = [C](int64_t v) { return std::max<int64_t>(0, std::min<int64_t>(C, v < 0 ? v + C : v)); };
+  const int64_t s = clamp(starts[0]), e = clamp(ends[0]);
+  Tensor part = b.forward_columns(x.device, s, std::max<int64_t>(0, e - s));
+  const auto shape = part.shape;
+  out = {device_value(x.dtype, shape, std::move(part), x.wide)};
+  return true;
+}
+
 template <ForwardBinary kOp>
 bool binary(const OpCall& c, Backend& b, std::vector<Value>& out) {
   if (!floats_on_device(c, {0, 1}) || !c.input(0) || !c.input(1)) return false;
@@ -194,6 +215,7 @@ const std::map<std::string, DeviceOpFn>& device_table() {
       {":Squeeze", relabel},
       {":Shape", relabel},
       {":Split", split},
+      {":Slice", slice},
       {":Add", binary<ForwardBinary::kAdd>},
       {":Sub", binary<ForwardBinary::kSub>},
       {":Mul", binary<ForwardBinary::kMul>},

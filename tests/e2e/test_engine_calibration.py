@@ -173,3 +173,25 @@ def test_quantized_layers_fed_forward_as_onnx_runtime_feeds_them(nibble, llama, 
         return same / sum(got[a][k].size for k in packed)
     assert agreement("ort_fed", "native_fed") > 0.999
     assert agreement("native_fed", "native") < agreement("ort_fed", "native_fed")
+
+
+@pytest.mark.parametrize("form", ["gemma3", "phi3", "qwen2"])
+def test_genai_forms_calibrate_on_the_device_as_on_the_cpu(nibble, tmp_path, form):
+    """On the emulated device the engine's forward runs the float operators of ONNX Runtime GenAI's layer forms
+    there (GroupQueryAttention with a window and softcap, packed qkv with its bias, gate and up sliced apart,
+    GELU): only the attention mask's integer arithmetic and the embedding's Gather run on the host (their
+    results go up once), and the output is the CPU's byte for byte."""
+    from .test_forward import make_genai_like
+    (tmp_path / "in").mkdir()
+    path = models.save(make_genai_like(form, "fp16"), str(tmp_path / "in" / f"{form}.onnx"))
+    digests = {}
+    for device in ("cpu", "cuda_emulated"):
+        out = tmp_path / device / "model.onnx"
+        nibble.quantize(path, str(out), *FAST, "--calibration_engine", "native", "--block_size", "32", "--device",
+                        device, "--report", str(tmp_path / device / "report.json"))
+        (tmp_path / device / "report.json").rename(tmp_path / f"{device}.json")
+        digests[device] = folder_digest(str(out.parent))
+    assert digests["cpu"] == digests["cuda_emulated"]
+    eng = json.loads((tmp_path / "cuda_emulated.json").read_text())["summary"]["calibration_engine"]
+    assert eng["forward_on_device"] and eng["activation_upload_bytes"] > 0
+    assert eng["host_operators"] and set(eng["host_operators"]) <= {"ReduceSum", "Sub", "Cast", "Shape", "Gather"}

@@ -21,7 +21,7 @@ Value device_value(DType t, std::vector<int64_t> shape, Tensor d, bool wide) {
   v.shape = std::move(shape);
   v.wide = wide && t != DType::kFloat32;
   v.device = std::move(d);
-  v.device.shape = v.shape;
+  v.device.shape = device_shape(v.shape);
   return v;
 }
 
@@ -33,10 +33,41 @@ bool floats_on_device(const OpCall& c, std::initializer_list<size_t> inputs) {
   return true;
 }
 
+// A product of two activations with the same batch dims ([.., M, K] · [.., K, N]): one sgemm per batch
+// element, as the host's MatMul makes them; a single one in the weight product's panels, as the host's.
+bool batched_matmul(const OpCall& c, Backend& b, std::vector<Value>& out) {
+  const Value& x = c.need(0);
+  const Value& y = c.need(1);
+  const size_t r = x.shape.size();
+  if (r < 3 || y.shape.size() != r || !std::equal(x.shape.begin(), x.shape.end() - 2, y.shape.begin()) ||
+      x.shape[r - 1] != y.shape[r - 2])
+    return false;
+  const int64_t batch = numel_of(std::vector<int64_t>(x.shape.begin(), x.shape.end() - 2));
+  const int64_t M = x.shape[r - 2], K = x.shape[r - 1], N = y.shape[r - 1];
+  const auto t0 = std::chrono::steady_clock::now();
+  Tensor res;
+  if (batch == 1) {
+    Tensor w = y.device;
+    w.shape = {K, N};
+    res = b.forward_matmul(x.device, w, false);
+  } else {
+    res = b.forward_matmul_batched(x.device, y.device);
+  }
+  if (c.meter) {
+    c.meter->flop += 2.0 * double(batch) * double(M) * double(K) * double(N);
+    c.meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  auto shape = x.shape;
+  shape.back() = N;
+  out = {device_value(x.dtype, std::move(shape), std::move(res), c.float32_on_cpu)};
+  return true;
+}
+
 bool matmul(const OpCall& c, Backend& b, std::vector<Value>& out) {
   const Value& x = c.need(0);
   const Value& w = c.need(1);
-  if (!floats_on_device(c, {0, 1}) || x.shape.size() < 2 || w.shape.size() != 2) return false;
+  if (!floats_on_device(c, {0, 1}) || x.shape.size() < 2) return false;
+  if (w.shape.size() != 2) return batched_matmul(c, b, out);
   if (x.shape.back() != w.shape[0]) c.fail("shapes " + shape_text(x.shape) + " and " + shape_text(w.shape) + " do not multiply");
   const auto t0 = std::chrono::steady_clock::now();
   Tensor r = b.forward_matmul(x.device, w.device, false);
@@ -122,56 +153,41 @@ bool lp_norm(const OpCall& c, Backend& b, std::vector<Value>& out) {
   return true;
 }
 
-// Operators that only relabel a value's shape (or read it): the host's operator, which reads no element,
-// on the device value.
-bool relabel(const OpCall& c, Backend&, std::vector<Value>& out) {
+// Operators that relabel a value's shape, read only its shape, or move its elements through strided_copy or
+// Cast (which do that on the device when the call has one): the host's operator on the device value.
+bool host_form(const OpCall& c, Backend&, std::vector<Value>& out) {
   if (!floats_on_device(c, {0}) || !c.input(0)) return false;
   out = find_op(c.node.domain(), c.node.op_type())->fn(c);
   return true;
 }
 
-// Split along the last axis: each part's columns.
-bool split(const OpCall& c, Backend& b, std::vector<Value>& out) {
+// Cast between float types (rounded on the device); to an integer type the host casts.
+bool cast(const OpCall& c, Backend& b, std::vector<Value>& out) {
+  return is_quantizable_float(DType(c.int_attr("to", 0))) && host_form(c, b, out);
+}
+
+// ReduceMean / ReduceSum of the last axis alone.
+bool reduce(const OpCall& c, Backend& b, std::vector<Value>& out, bool mean) {
   const Value& x = c.need(0);
-  if (!floats_on_device(c, {0}) || x.shape.empty() ||
-      size_t(normalize_axis(c, c.int_attr("axis", 0), x.shape.size())) + 1 != x.shape.size())
+  const std::vector<int64_t> axes = c.input(1) ? to_ints(*c.input(1)) : c.ints_attr("axes");
+  if (!floats_on_device(c, {0}) || x.shape.empty() || axes.size() != 1 ||
+      size_t(normalize_axis(c, axes[0], x.shape.size())) + 1 != x.shape.size() || x.shape.back() == 0)
     return false;
-  const size_t n = size_t(c.node.output_size());
-  std::vector<int64_t> sizes = c.input(1) ? to_ints(*c.input(1)) : c.ints_attr("split");
-  const int64_t C = x.shape.back();
-  if (sizes.empty())
-    for (size_t i = 0; i < n; ++i) sizes.push_back(std::min((C + int64_t(n) - 1) / int64_t(n), C - (C + int64_t(n) - 1) / int64_t(n) * int64_t(i)));
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  if (sizes.size() != n || total != C) c.fail("the split sizes do not cover the last axis");
-  out.clear();
-  int64_t begin = 0;
-  for (int64_t s : sizes) {
-    Tensor part = b.forward_columns(x.device, begin, s);
-    const auto shape = part.shape;
-    out.push_back(device_value(x.dtype, shape, std::move(part), x.wide));
-    begin += s;
-  }
+  std::vector<int64_t> shape(x.shape.begin(), x.shape.end() - 1);
+  if (c.int_attr("keepdims", 1)) shape.push_back(1);
+  out = {device_value(x.dtype, shape, b.forward_reduce_rows(x.device, x.shape.back(), mean), c.float32_on_cpu)};
   return true;
 }
 
-// Slice of one axis, the last, with step 1 (Phi-3's gate and up cut from one product): its columns. The
-// bounds are clamped as ONNX (and the host's Slice) clamps them.
-bool slice(const OpCall& c, Backend& b, std::vector<Value>& out) {
+// Softmax over the last axis (or one followed by axes of 1).
+bool softmax(const OpCall& c, Backend& b, std::vector<Value>& out) {
   const Value& x = c.need(0);
   if (!floats_on_device(c, {0}) || x.shape.empty()) return false;
-  const auto starts = to_ints(c.need(1)), ends = to_ints(c.need(2));
-  const auto axes = c.input(3) ? to_ints(*c.input(3)) : std::vector<int64_t>{0};
-  const auto steps = c.input(4) ? to_ints(*c.input(4)) : std::vector<int64_t>{1};
-  if (starts.size() != 1 || ends.size() != 1 || axes.size() != 1 || steps.size() != 1 || steps[0] != 1 ||
-      size_t(normalize_axis(c, axes[0], x.shape.size())) + 1 != x.shape.size())
-    return false;
-  const int64_t C = x.shape.back();
-  auto clamp = [C](int64_t v) { return std::max<int64_t>(0, std::min<int64_t>(C, v < 0 ? v + C : v)); };
-  const int64_t s = clamp(starts[0]), e = clamp(ends[0]);
-  Tensor part = b.forward_columns(x.device, s, std::max<int64_t>(0, e - s));
-  const auto shape = part.shape;
-  out = {device_value(x.dtype, shape, std::move(part), x.wide)};
+  const size_t axis = size_t(normalize_axis(c, c.int_attr("axis", -1), x.shape.size()));
+  for (size_t i = axis + 1; i < x.shape.size(); ++i)
+    if (x.shape[i] != 1) return false;
+  if (x.shape[axis] == 0) return false;
+  out = {device_value(x.dtype, x.shape, b.forward_softmax_rows(x.device, x.shape[axis]), c.float32_on_cpu)};
   return true;
 }
 
@@ -209,13 +225,19 @@ const std::map<std::string, DeviceOpFn>& device_table() {
       {"com.microsoft:SkipLayerNormalization", [](const OpCall& c, Backend& b, std::vector<Value>& o) { return norm(c, b, o, false, true); }},
       {"com.microsoft:GroupQueryAttention", attention},
       {":LpNormalization", lp_norm},
-      {":Reshape", relabel},
-      {":Identity", relabel},
-      {":Unsqueeze", relabel},
-      {":Squeeze", relabel},
-      {":Shape", relabel},
-      {":Split", split},
-      {":Slice", slice},
+      {":Reshape", host_form},
+      {":Identity", host_form},
+      {":Unsqueeze", host_form},
+      {":Squeeze", host_form},
+      {":Shape", host_form},
+      {":Transpose", host_form},
+      {":Split", host_form},
+      {":Slice", host_form},
+      {":Expand", host_form},
+      {":Cast", cast},
+      {":ReduceMean", [](const OpCall& c, Backend& b, std::vector<Value>& o) { return reduce(c, b, o, true); }},
+      {":ReduceSum", [](const OpCall& c, Backend& b, std::vector<Value>& o) { return reduce(c, b, o, false); }},
+      {":Softmax", softmax},
       {":Add", binary<ForwardBinary::kAdd>},
       {":Sub", binary<ForwardBinary::kSub>},
       {":Mul", binary<ForwardBinary::kMul>},

@@ -96,7 +96,7 @@ Value GraphRun::device_value(const Value& v, const std::string& name, bool is_in
   Value r = v;  // keeps `hold`: the host bytes stay while their upload may be in flight
   r.data = nullptr;
   r.device = std::move(d);
-  r.device.shape = v.shape;
+  r.device.shape = device_shape(v.shape);
   if (is_initializer) (readers_[name] > 1 ? shared_initializers_ : device_initializers_)[name] = r;
   return r;
 }
@@ -110,7 +110,7 @@ Value GraphRun::host_value(const Value& v) const {
 }
 
 std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in) {
-  OpCall call{n, {}, op.float32_on_cpu, &products_};
+  OpCall call{n, {}, op.float32_on_cpu, &products_, nullptr};
   std::vector<Value> held;  // inputs converted for this node (reserved: pointers into it stay valid)
   held.reserve(2 * in.size());
   if (device_) {
@@ -119,7 +119,7 @@ std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& o
         if (v && v->on_device() && v->wide && !op.float32_on_cpu) {
           Value r = *v;  // ONNX Runtime's inserted Cast, on the device
           r.device = device_->forward_round(v->device, v->dtype);
-          r.device.shape = v->shape;
+          r.device.shape = device_shape(v->shape);
           r.wide = false;
           held.push_back(std::move(r));
           v = &held.back();
@@ -127,7 +127,9 @@ std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& o
         call.in.push_back(v);
       }
       std::vector<Value> outs;
+      call.device = device_;
       if (f(call, *device_, outs)) return outs;
+      call.device = nullptr;
       call.in.clear();
     }
     ++host_ops_[n.op_type()];

@@ -9,6 +9,7 @@
 
 #include "forward/matmul.h"
 #include "forward/value.h"
+#include "kernels/backend.h"
 
 namespace nibble::forward {
 
@@ -17,6 +18,9 @@ struct OpCall {
   std::vector<const Value*> in;
   bool float32_on_cpu = false;  // the operator's entry: results of fp16/bf16 type stay wide
   ProductMeter* meter = nullptr;  // the run's products, counted (matmul_counted)
+  // The run's device backend when the node runs there (device_ops.h): an operator that moves elements
+  // (strided_copy, Cast) then moves a device value's there.
+  kernels::Backend* device = nullptr;
 
   // A float result: wide where the operator runs in float32 on ONNX Runtime's CPU provider, else rounded.
   Value result(DType dtype, std::vector<int64_t> shape, Floats values) const {

@@ -124,6 +124,14 @@ std::vector<Value> cast(const OpCall& c) {
   const Value& a = c.need(0);
   const DType to = DType(c.int_attr("to", 0));
   if (to == a.dtype) return {a};
+  if (a.on_device() && c.device && a.is_float() && is_quantizable_float(to)) {  // rounded where it is
+    Value v = a;
+    v.dtype = to;
+    v.wide = false;
+    if (to != DType::kFloat32) v.device = c.device->forward_round(a.device, to);
+    v.device.shape = device_shape(a.shape);
+    return {v};
+  }
   if (is_quantizable_float(to)) {
     if (a.is_float()) return {from_floats(to, a.shape, to_floats(a))};
     const auto x = to_ints(a);

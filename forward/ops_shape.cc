@@ -17,8 +17,20 @@ std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
 }
 
 // The elements of `in` at base + Σ idx[d]·strides[d] over the output shape.
-Value strided_copy(const Value& in, const std::vector<int64_t>& out_shape, const std::vector<int64_t>& strides,
-                   int64_t base) {
+Value strided_copy(const OpCall& c, const Value& in, const std::vector<int64_t>& out_shape,
+                   const std::vector<int64_t>& strides, int64_t base) {
+  if (in.on_device() && c.device && out_shape.size() <= size_t(kernels::Strided::kMaxRank)) {
+    kernels::Strided g;
+    g.rank = int(out_shape.size());
+    for (size_t i = 0; i < out_shape.size(); ++i) g.out[i] = out_shape[i], g.stride[i] = strides[i];
+    g.base = base;
+    Value v = in;
+    v.shape = out_shape;
+    v.device = c.device->forward_strided(in.device, g);
+    v.device.shape = device_shape(out_shape);
+    return v;
+  }
+  if (in.on_device()) c.fail("a strided copy of rank " + std::to_string(out_shape.size()) + " on the device");
   void* p = nullptr;
   Value out = new_value(in.dtype, out_shape, &p);
   const size_t es = dtype_size(in.dtype);
@@ -32,7 +44,7 @@ Value strided_copy(const Value& in, const std::vector<int64_t>& out_shape, const
 Value reshaped(const Value& in, std::vector<int64_t> shape) {
   Value v = in;
   v.shape = std::move(shape);
-  if (v.on_device()) v.device.shape = v.shape;  // a device value is relabelled the same way
+  if (v.on_device()) v.device.shape = device_shape(v.shape);  // a device value is relabelled the same way
   return v;
 }
 
@@ -118,15 +130,15 @@ std::vector<Value> transpose(const OpCall& c) {
     shape[i] = in.shape[p];
     strides[i] = in_strides[p];
   }
-  return {strided_copy(in, shape, strides, 0)};
+  return {strided_copy(c, in, shape, strides, 0)};
 }
 
 // One part of `in` along `axis`: [begin, begin + size).
-Value part_along(const Value& in, size_t axis, int64_t begin, int64_t size) {
+Value part_along(const OpCall& c, const Value& in, size_t axis, int64_t begin, int64_t size) {
   auto shape = in.shape;
   shape[axis] = size;
   const auto strides = strides_of(in.shape);
-  return strided_copy(in, shape, strides, begin * strides[axis]);
+  return strided_copy(c, in, shape, strides, begin * strides[axis]);
 }
 
 std::vector<Value> split(const OpCall& c) {
@@ -144,7 +156,7 @@ std::vector<Value> split(const OpCall& c) {
   std::vector<Value> out;
   int64_t begin = 0;
   for (int64_t s : sizes) {
-    out.push_back(part_along(in, axis, begin, s));
+    out.push_back(part_along(c, in, axis, begin, s));
     begin += s;
   }
   return out;
@@ -202,7 +214,7 @@ std::vector<Value> slice(const OpCall& c) {
     strides[a] = in_strides[a] * step;
     base += s * in_strides[a];
   }
-  return {strided_copy(in, shape, strides, base)};
+  return {strided_copy(c, in, shape, strides, base)};
 }
 
 std::vector<Value> gather(const OpCall& c) {
@@ -234,7 +246,7 @@ std::vector<Value> gather(const OpCall& c) {
 std::vector<Value> expand(const OpCall& c) {
   const Value& in = c.need(0);
   const auto shape = broadcast_shape(c, {in.shape, to_ints(c.need(1))});
-  return {strided_copy(in, shape, broadcast_strides(in.shape, shape), 0)};
+  return {strided_copy(c, in, shape, broadcast_strides(in.shape, shape), 0)};
 }
 
 std::vector<Value> constant_of_shape(const OpCall& c) {

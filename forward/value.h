@@ -37,6 +37,11 @@ struct Value {
   }
 };
 
+// A device tensor's shape for a value of `shape`: a scalar as one element (a tensor of no dims holds none).
+inline std::vector<int64_t> device_shape(const std::vector<int64_t>& shape) {
+  return shape.empty() ? std::vector<int64_t>{1} : shape;
+}
+
 // Elements of a shape (1 for a scalar).
 int64_t numel_of(const std::vector<int64_t>& shape);
 

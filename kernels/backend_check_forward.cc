@@ -68,12 +68,60 @@ std::string check_select(Backend& r, Backend& g, const Case&, const check::Weigh
   const std::vector<float> x = normal(6 * 40, 72);
   const std::vector<int64_t> counted{1, 0, 0, 1, 1, 0};
   const Tensor xt = view(x, {6, 40});
-  if (auto e = same(floats_of(r, r.forward_columns(xt, 7, 20)), floats_of(g, g.forward_columns(g.upload(xt), 7, 20)),
-                    "columns");
-      !e.empty())
-    return e;
   return same(floats_of(r, r.forward_select_rows(xt, counted)),
               floats_of(g, g.forward_select_rows(g.upload(xt), counted)), "selected rows");
+}
+
+// A transpose of [2, 3, 4] to [4, 2, 3], every other column backwards from the last, a slice of rows.
+std::string check_strided(Backend& r, Backend& g, const Case&, const check::Weight&) {
+  const std::vector<float> x = normal(24, 84);
+  const Tensor xt = view(x, {2, 3, 4});
+  Strided t;
+  t.rank = 3;
+  t.out[0] = 4, t.out[1] = 2, t.out[2] = 3, t.stride[0] = 1, t.stride[1] = 12, t.stride[2] = 4;
+  Strided back;
+  back.rank = 2;
+  back.out[0] = 6, back.out[1] = 2, back.stride[0] = 4, back.stride[1] = -2, back.base = 3;
+  Strided rows;
+  rows.rank = 2;
+  rows.out[0] = 2, rows.out[1] = 4, rows.stride[0] = 4, rows.stride[1] = 1, rows.base = 8;
+  for (const Strided* s : {&t, &back, &rows})
+    if (auto e = same(floats_of(r, r.forward_strided(xt, *s)), floats_of(g, g.forward_strided(g.upload(xt), *s)), "strided");
+        !e.empty())
+      return e;
+  return {};
+}
+
+// Sums and means of rows, and softmaxed rows (with -inf entries, as a causal mask adds), bit for bit.
+std::string check_rows(Backend& r, Backend& g, const Case&, const check::Weight&) {
+  std::vector<float> x = normal(9 * 37, 85, 3.0f);
+  x[5] = x[40] = -INFINITY;
+  const Tensor xt = view(x, {9, 37});
+  const std::vector<float> y = normal(9 * 37, 86);
+  const Tensor yt = view(y, {9, 37});
+  for (bool mean : {false, true})
+    if (auto e = same(floats_of(r, r.forward_reduce_rows(yt, 37, mean)),
+                      floats_of(g, g.forward_reduce_rows(g.upload(yt), 37, mean)), mean ? "row means" : "row sums");
+        !e.empty())
+      return e;
+  return same(floats_of(r, r.forward_softmax_rows(xt, 37)), floats_of(g, g.forward_softmax_rows(g.upload(xt), 37)),
+              "softmax rows");
+}
+
+// A batch of 6 products [2, 3] x [20, 16] · [16, 24], within the float32 bound relative to Σ|a||b|.
+std::string check_batched(Backend& r, Backend& g, const Case&, const check::Weight&) {
+  const int64_t B = 6, M = 20, K = 16, N = 24;
+  const std::vector<float> a = normal(B * M * K, 87), b = normal(B * K * N, 88);
+  const Tensor at = view(a, {2, 3, M, K}), bt = view(b, {2, 3, K, N});
+  const auto want = floats_of(r, r.forward_matmul_batched(at, bt));
+  const auto got = floats_of(g, g.forward_matmul_batched(g.upload(at), g.upload(bt)));
+  std::vector<float> mag(size_t(B * M * N), 0.0f);
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          mag[size_t((i * M + m) * N + n)] += std::fabs(a[size_t((i * M + m) * K + k)] * b[size_t((i * K + k) * N + n)]);
+  return within(want, got, mag, 1e-5, "batched products");
 }
 
 // Products of 300 rows (two row panels) against both layouts; the bound: float32 rounding over K terms,
@@ -176,8 +224,11 @@ std::vector<OpCheck> check_backend_forward(Backend& ref, Backend& b, const std::
   return {check::run_cases("forward_widen", ref, b, one, check_widen_round, 400),
           check::run_cases("forward_round", ref, b, one, check_widen_round, 400),
           check::run_cases("forward_select_rows", ref, b, one, check_select, 410),
-          check::run_cases("forward_columns", ref, b, one, check_select, 410),
+          check::run_cases("forward_strided", ref, b, one, check_strided, 410),
+          check::run_cases("forward_reduce_rows", ref, b, one, check_rows, 415),
+          check::run_cases("forward_softmax_rows", ref, b, one, check_rows, 415),
           check::run_cases("forward_matmul", ref, b, one, check_matmul, 420),
+          check::run_cases("forward_matmul_batched", ref, b, one, check_batched, 425),
           check::run_cases("forward_binary", ref, b, one, check_binary, 430),
           check::run_cases("forward_unary", ref, b, one, check_unary, 440),
           check::run_cases("forward_norm", ref, b, one, check_norm, 450),

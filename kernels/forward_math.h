@@ -183,6 +183,32 @@ inline void matmul_ref(const float* A, const float* B, float* C, int64_t M, int6
     }
 }
 
+// The element of x that output element i of a strided copy reads.
+NIBBLE_HD inline int64_t strided_offset(const Strided& g, int64_t i) {
+  int64_t o = g.base;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    o += (i % g.out[d]) * g.stride[d];
+    i /= g.out[d];
+  }
+  return o;
+}
+
+// The sum (mean: divided by width) of one row in float64, rounded once (forward/ops_reduce.cc).
+NIBBLE_HD inline float reduce_row(const float* x, int64_t width, bool mean) {
+  double acc = 0.0;
+  for (int64_t j = 0; j < width; ++j) acc += x[j];
+  return float(mean ? acc / double(width) : acc);
+}
+
+// Softmax of one row in place (the Softmax operator: the max, exp of the shifted values, their 8-lane sum).
+NIBBLE_HD inline void softmax_plain_row(float* row, int64_t width) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < width; ++j) m = m < row[j] ? row[j] : m;
+  for (int64_t j = 0; j < width; ++j) row[j] = exp_fast(row[j] - m);
+  const float s = ordered_sum(row, width);
+  for (int64_t j = 0; j < width; ++j) row[j] /= s;
+}
+
 // The offsets in a and b of output element i of a broadcast (forward_types.h).
 NIBBLE_HD inline void broadcast_offsets(const Broadcast& g, int64_t i, int64_t& ia, int64_t& ib) {
   ia = ib = 0;

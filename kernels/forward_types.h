@@ -86,6 +86,20 @@ struct Broadcast {
   std::vector<int64_t> shape() const { return std::vector<int64_t>(out, out + rank); }
 };
 
+// forward_strided: out[i] = x[base + Σ_d idx_d(i) · stride[d]] over an output of dims out[0..rank) (a
+// Transpose, a Slice, a Split part: the host's strided copy).
+struct Strided {
+  static constexpr int kMaxRank = 8;
+  int rank = 0;
+  int64_t out[kMaxRank] = {}, stride[kMaxRank] = {};
+  int64_t base = 0;
+  int64_t elements() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= out[i];
+    return n;
+  }
+};
+
 inline Broadcast broadcast_of(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   Broadcast r;
   r.rank = int(std::max(a.size(), b.size()));

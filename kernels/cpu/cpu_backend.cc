@@ -101,6 +101,9 @@ class CpuBackend final : public CpuCommon {
   Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return forward_matmul_with(x, w, w_transposed, forward_matmul_sgemm);
   }
+  Tensor forward_matmul_batched(const Tensor& a, const Tensor& b) override {
+    return forward_matmul_batched_ref(a, b, /*blas=*/true);
+  }
 };
 
 class ReferenceBackend final : public CpuCommon {
@@ -150,6 +153,9 @@ class ReferenceBackend final : public CpuCommon {
   }
   Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return forward_matmul_with(x, w, w_transposed, forward_matmul_ref);
+  }
+  Tensor forward_matmul_batched(const Tensor& a, const Tensor& b) override {
+    return forward_matmul_batched_ref(a, b, /*blas=*/false);
   }
 };
 

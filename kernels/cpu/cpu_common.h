@@ -36,7 +36,9 @@ class CpuCommon : public Backend {
   Tensor forward_widen(const Tensor& t) override;
   Tensor forward_round(const Tensor& x, DType to) override;
   Tensor forward_select_rows(const Tensor& x, const std::vector<int64_t>& counted) override;
-  Tensor forward_columns(const Tensor& x, int64_t begin, int64_t width) override;
+  Tensor forward_strided(const Tensor& x, const Strided& g) override;
+  Tensor forward_reduce_rows(const Tensor& x, int64_t width, bool mean) override;
+  Tensor forward_softmax_rows(const Tensor& x, int64_t width) override;
   Tensor forward_binary(ForwardBinary op, const Tensor& a, const Tensor& b) override;
   Tensor forward_unary(ForwardUnary op, const Tensor& x) override;
   std::vector<Tensor> forward_norm(const NormArgs& a) override;

@@ -12,6 +12,14 @@
 
 namespace nibble::kernels {
 
+void forward_matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
+  if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw std::invalid_argument("forward_matmul: above 32-bit BLAS sizes");
+  if (M == 0 || N == 0) return;
+  openblas_set_num_threads(1);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f, A,
+              int(K), B, b_transposed ? int(K) : int(N), 0.0f, C, int(N));
+}
+
 void forward_matmul_sgemm(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
                           bool b_transposed) {
   if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw std::invalid_argument("forward_matmul: above 32-bit BLAS sizes");
@@ -33,9 +41,11 @@ Tensor CpuCommon::forward_round(const Tensor& x, DType to) { return forward_roun
 Tensor CpuCommon::forward_select_rows(const Tensor& x, const std::vector<int64_t>& counted) {
   return forward_select_rows_ref(x, counted);
 }
-Tensor CpuCommon::forward_columns(const Tensor& x, int64_t begin, int64_t width) {
-  return forward_columns_ref(x, begin, width);
+Tensor CpuCommon::forward_strided(const Tensor& x, const Strided& g) { return forward_strided_ref(x, g); }
+Tensor CpuCommon::forward_reduce_rows(const Tensor& x, int64_t width, bool mean) {
+  return forward_reduce_rows_ref(x, width, mean);
 }
+Tensor CpuCommon::forward_softmax_rows(const Tensor& x, int64_t width) { return forward_softmax_rows_ref(x, width); }
 Tensor CpuCommon::forward_binary(ForwardBinary op, const Tensor& a, const Tensor& b) {
   return forward_binary_ref(op, a, b);
 }

@@ -1,5 +1,6 @@
 #include "kernels/cpu/forward_ref.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -33,17 +34,53 @@ Tensor forward_round_ref(const Tensor& x, DType to) {
   return host_tensor(DType::kFloat32, x.shape, std::move(v));
 }
 
-Tensor forward_columns_ref(const Tensor& x, int64_t begin, int64_t width) {
-  const int64_t C = x.shape.empty() ? 0 : x.shape.back();
-  if (begin < 0 || width < 0 || begin + width > C) throw std::invalid_argument("forward_columns: columns out of range");
+Tensor forward_strided_ref(const Tensor& x, const Strided& g) {
   const std::vector<float> v = forward_floats(x);
-  const int64_t rows = C ? int64_t(v.size()) / C : 0;
-  std::vector<float> out(size_t(rows * width));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < width; ++j) out[size_t(r * width + j)] = v[size_t(r * C + begin + j)];
-  std::vector<int64_t> shape = x.shape;
-  shape.back() = width;
-  return host_tensor(DType::kFloat32, std::move(shape), std::move(out));
+  std::vector<float> out(size_t(g.elements()));
+  for (int64_t i = 0; i < int64_t(out.size()); ++i) {
+    const int64_t o = fw::strided_offset(g, i);
+    if (o < 0 || o >= int64_t(v.size())) throw std::invalid_argument("forward_strided: an element outside x");
+    out[size_t(i)] = v[size_t(o)];
+  }
+  return host_tensor(DType::kFloat32, std::vector<int64_t>(g.out, g.out + g.rank), std::move(out));
+}
+
+Tensor forward_reduce_rows_ref(const Tensor& x, int64_t width, bool mean) {
+  if (width <= 0 || x.elements() % width) throw std::invalid_argument("forward_reduce_rows: rows of the width");
+  const std::vector<float> v = forward_floats(x);
+  std::vector<float> out(v.size() / size_t(width));
+  for (size_t r = 0; r < out.size(); ++r) out[r] = fw::reduce_row(v.data() + r * size_t(width), width, mean);
+  return host_tensor(DType::kFloat32, {int64_t(out.size())}, std::move(out));
+}
+
+Tensor forward_softmax_rows_ref(const Tensor& x, int64_t width) {
+  if (width <= 0 || x.elements() % width) throw std::invalid_argument("forward_softmax_rows: rows of the width");
+  std::vector<float> v = forward_floats(x);
+  for (size_t r = 0; r < v.size() / size_t(width); ++r) fw::softmax_plain_row(v.data() + r * size_t(width), width);
+  return host_tensor(DType::kFloat32, x.shape, std::move(v));
+}
+
+void forward_batched_shapes(const Tensor& a, const Tensor& b, int64_t& batch, int64_t& M, int64_t& K, int64_t& N) {
+  const size_t r = a.shape.size();
+  if (r < 3 || b.shape.size() != r || !std::equal(a.shape.begin(), a.shape.end() - 2, b.shape.begin()) ||
+      a.shape[r - 1] != b.shape[r - 2])
+    throw std::invalid_argument("forward_matmul_batched: [batch.., M, K] and [batch.., K, N]");
+  M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
+  batch = 1;
+  for (size_t i = 0; i + 2 < r; ++i) batch *= a.shape[i];
+}
+
+Tensor forward_matmul_batched_ref(const Tensor& a, const Tensor& b, bool blas) {
+  int64_t batch = 0, M = 0, K = 0, N = 0;
+  forward_batched_shapes(a, b, batch, M, K, N);
+  const std::vector<float> x = forward_floats(a), y = forward_floats(b);
+  std::vector<float> c(size_t(batch * M * N));
+  for (int64_t i = 0; i < batch; ++i)
+    (blas ? forward_matmul_blas : forward_matmul_ref)(x.data() + i * M * K, y.data() + i * K * N, c.data() + i * M * N,
+                                                      M, K, N, false);
+  std::vector<int64_t> shape = a.shape;
+  shape.back() = N;
+  return host_tensor(DType::kFloat32, std::move(shape), std::move(c));
 }
 
 Tensor forward_select_rows_ref(const Tensor& x, const std::vector<int64_t>& counted) {

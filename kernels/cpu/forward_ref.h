@@ -15,12 +15,20 @@ std::vector<float> forward_floats(const Tensor& x);
 
 Tensor forward_widen_ref(const Tensor& t);
 Tensor forward_round_ref(const Tensor& x, DType to);
-Tensor forward_columns_ref(const Tensor& x, int64_t begin, int64_t width);
+Tensor forward_strided_ref(const Tensor& x, const Strided& g);
+Tensor forward_reduce_rows_ref(const Tensor& x, int64_t width, bool mean);
+Tensor forward_softmax_rows_ref(const Tensor& x, int64_t width);
+// forward_matmul_batched through `product` per batch element (the reference's loops, or sgemm).
+Tensor forward_matmul_batched_ref(const Tensor& a, const Tensor& b, bool blas);
+// The batch, M, K and N of forward_matmul_batched's operands (their batch dims equal). Throws std::invalid_argument.
+void forward_batched_shapes(const Tensor& a, const Tensor& b, int64_t& batch, int64_t& M, int64_t& K, int64_t& N);
 Tensor forward_select_rows_ref(const Tensor& x, const std::vector<int64_t>& counted);
 // C[M, N] = A[M, K] · B ([K, N], or [N, K] when b_transposed), each output a float32 sum in k order.
 void forward_matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 // The same products as OpenBLAS's sgemm over forward_panel_rows x forward_panel_columns panels on the
 // worker threads (OpenBLAS itself on one thread: its bits must not depend on the thread count).
+// One OpenBLAS sgemm on the calling thread (a product of a batch).
+void forward_matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 void forward_matmul_sgemm(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 // The product of forward_matmul's tensors through `product` (the reference's loops, or sgemm).
 template <class Product>

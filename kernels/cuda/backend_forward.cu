@@ -103,20 +103,48 @@ Tensor CudaBackend::forward_select_rows(const Tensor& x, const std::vector<int64
   return forward_result(std::move(y), {n, K});
 }
 
-Tensor CudaBackend::forward_columns(const Tensor& x, int64_t begin, int64_t width) {
-  const int64_t C = x.shape.empty() ? 0 : x.shape.back();
-  if (begin < 0 || width < 0 || begin + width > C) throw std::invalid_argument("forward_columns: columns out of range");
-  const int64_t rows = C ? x.elements() / C : 0;
-  std::vector<int64_t> shape = x.shape;
-  shape.back() = width;
-  if (!forward_fits(uint64_t(rows * width) * 4))
-    return on_host("forward_columns", [&](Backend& h) { return h.forward_columns(forward_host_copy(x), begin, width); });
-  const OpScope op(*dev_, "forward_columns");
+Tensor CudaBackend::forward_strided(const Tensor& x, const Strided& g) {
+  const int64_t n = g.elements();
+  std::vector<int64_t> shape(g.out, g.out + g.rank);
+  if (!forward_fits(uint64_t(n) * 4))
+    return on_host("forward_strided", [&](Backend& h) { return h.forward_strided(forward_host_copy(x), g); });
+  int64_t lo = g.base, hi = g.base;  // the elements read: checked here, not by every thread
+  for (int d = 0; d < g.rank; ++d)
+    if (g.out[d] > 0) (g.stride[d] < 0 ? lo : hi) += (g.out[d] - 1) * g.stride[d];
+  if (n > 0 && (lo < 0 || hi >= x.elements())) throw std::invalid_argument("forward_strided: an element outside x");
+  const OpScope op(*dev_, "forward_strided");
   DeviceBuffer<float> tmp;
   const float* in = forward_input(x, tmp);
-  DeviceBuffer<float> y(*dev_, size_t(rows * width));
-  launch(*dev_, rows * width, ColumnsBody{in, C, begin, width, y.get()});
+  DeviceBuffer<float> y(*dev_, size_t(n));
+  launch(*dev_, n, StridedBody{g, in, y.get()});
   return forward_result(std::move(y), std::move(shape));
+}
+
+Tensor CudaBackend::forward_reduce_rows(const Tensor& x, int64_t width, bool mean) {
+  if (width <= 0 || x.elements() % width) throw std::invalid_argument("forward_reduce_rows: rows of the width");
+  const int64_t rows = x.elements() / width;
+  if (!forward_fits(uint64_t(rows) * 4))
+    return on_host("forward_reduce_rows", [&](Backend& h) { return h.forward_reduce_rows(forward_host_copy(x), width, mean); });
+  const OpScope op(*dev_, "forward_reduce_rows");
+  DeviceBuffer<float> tmp;
+  const float* in = forward_input(x, tmp);
+  DeviceBuffer<float> y(*dev_, size_t(rows));
+  launch(*dev_, rows, ReduceRowsBody{in, width, mean, y.get()});
+  return forward_result(std::move(y), {rows});
+}
+
+Tensor CudaBackend::forward_softmax_rows(const Tensor& x, int64_t width) {
+  const int64_t n = x.elements();
+  if (width <= 0 || n % width) throw std::invalid_argument("forward_softmax_rows: rows of the width");
+  if (!forward_fits(uint64_t(n) * 4))
+    return on_host("forward_softmax_rows", [&](Backend& h) { return h.forward_softmax_rows(forward_host_copy(x), width); });
+  const OpScope op(*dev_, "forward_softmax_rows");
+  DeviceBuffer<float> tmp;
+  const float* in = forward_input(x, tmp);
+  DeviceBuffer<float> y(*dev_, size_t(n));
+  launch(*dev_, n, RoundBody{in, int(DType::kFloat32), y.get()});  // a copy to work in
+  launch(*dev_, n / width, SoftmaxRowsBody{y.get(), width});
+  return forward_result(std::move(y), x.shape);
 }
 
 Tensor CudaBackend::forward_binary(ForwardBinary op_kind, const Tensor& a, const Tensor& b) {

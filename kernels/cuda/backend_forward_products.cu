@@ -40,6 +40,32 @@ Tensor CudaBackend::forward_matmul(const Tensor& x, const Tensor& w, bool w_tran
   return forward_result(std::move(C), std::move(shape));
 }
 
+Tensor CudaBackend::forward_matmul_batched(const Tensor& a, const Tensor& b) {
+  const size_t r = a.shape.size();
+  if (r < 3 || b.shape.size() != r || !std::equal(a.shape.begin(), a.shape.end() - 2, b.shape.begin()) ||
+      a.shape[r - 1] != b.shape[r - 2])
+    throw std::invalid_argument("forward_matmul_batched: [batch.., M, K] and [batch.., K, N]");
+  const int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < r; ++i) batch *= a.shape[i];
+  std::vector<int64_t> shape = a.shape;
+  shape.back() = N;
+  if (!forward_fits(uint64_t(batch * M * N) * 4))
+    return on_host("forward_matmul_batched", [&](Backend& h) {
+      return h.forward_matmul_batched(forward_host_copy(a), forward_host_copy(b));
+    });
+  const OpScope op(*dev_, "forward_matmul_batched");
+  dev_->count_flops(2.0 * double(batch) * double(M) * double(K) * double(N));
+  DeviceBuffer<float> ta, tb;
+  const float* A = forward_input(a, ta);
+  const float* B = forward_input(b, tb);
+  DeviceBuffer<float> C(*dev_, size_t(batch * M * N));
+  // Row-major C_i[M, N] = A_i[M, K] · B_i[K, N]: column-major C_iᵀ = B_iᵀ · A_iᵀ, one product per batch element.
+  la().sgemm_strided_batched(Op::kN, Op::kN, int(N), int(M), int(K), 1.0f, B, int(N), K * N, A, int(K), M * K, 0.0f,
+                             C.get(), int(N), M * N, int(batch));
+  return forward_result(std::move(C), std::move(shape));
+}
+
 std::vector<Tensor> CudaBackend::forward_attention(const AttentionArgs& a) {
   check_attention(a);
   const AttentionShape& g = a.g;

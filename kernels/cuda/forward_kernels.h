@@ -32,12 +32,27 @@ struct SelectRowsBody {
   NIBBLE_HD void operator()(int64_t i) const { y[i] = x[rows[i / K] * K + i % K]; }
 };
 
-// Element i of the [rows, width] result from columns [begin, begin + width) of x [rows, C].
-struct ColumnsBody {
+struct StridedBody {
+  Strided g;
   const float* x;
-  int64_t C, begin, width;
   float* y;
-  NIBBLE_HD void operator()(int64_t i) const { y[i] = x[(i / width) * C + begin + i % width]; }
+  NIBBLE_HD void operator()(int64_t i) const { y[i] = x[fw::strided_offset(g, i)]; }
+};
+
+// One row per thread.
+struct ReduceRowsBody {
+  const float* x;
+  int64_t width;
+  bool mean;
+  float* y;
+  NIBBLE_HD void operator()(int64_t r) const { y[r] = fw::reduce_row(x + r * width, width, mean); }
+};
+
+// One row per thread, in place in y (a copy of x).
+struct SoftmaxRowsBody {
+  float* y;
+  int64_t width;
+  NIBBLE_HD void operator()(int64_t r) const { fw::softmax_plain_row(y + r * width, width); }
 };
 
 struct BinaryBody {

@@ -213,7 +213,7 @@ def test_native_statistics_stay_where_the_search_reads_them(nibble, ledger_model
     assert engine["forward_on_device"] and engine["activation_upload_bytes"] == feeds
     # Nothing of the forward but integer arithmetic on token positions runs on the host: no activation comes down.
     assert engine["host_operators"] == {}
-    for op in ("forward_matmul", "forward_norm", "forward_binary", "forward_unary", "forward_columns"):
+    for op in ("forward_matmul", "forward_norm", "forward_binary", "forward_unary", "forward_strided"):
         assert ops[op]["calls"] > 0 and ops[op]["h2d_bytes"] == ops[op]["d2h_bytes"] == 0 and not ops[op]["host_fallback"]
     # Up by `upload`: the input and the weights (the forward's copies, which the search and the quantizer read;
     # the norms' gains), no activation row and no Gram matrix.

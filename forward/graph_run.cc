@@ -38,6 +38,7 @@ std::vector<std::string> GraphRun::unsupported() const {
 }
 
 const Value* GraphRun::initializer(const std::string& name) {
+  read_.insert(name);
   if (auto o = overrides_.find(name); o != overrides_.end()) return &o->second;
   auto it = initializers_.find(name);
   if (it != initializers_.end()) return &it->second;

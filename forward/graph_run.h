@@ -75,8 +75,11 @@ class GraphRun {
   // excepted), within a quarter of the device's budget: handed over, no longer held here.
   std::map<std::string, kernels::Tensor> take_device_uploads() { return std::move(device_uploads_); }
   // The device's copy of initializer `name` (its bytes as stored; a search uploaded it) for this run to read
-  // instead of uploading it again, until release_weights.
-  void lend_device_upload(const std::string& name, kernels::Tensor t) { lent_[name] = std::move(t); }
+  // instead of uploading it again, until release_weights; ignored for an initializer a node has read
+  // already (its product ran: a later run reads it again only as a quantized override).
+  void lend_device_upload(const std::string& name, kernels::Tensor t) {
+    if (!read_.count(name)) lent_[name] = std::move(t);
+  }
   // On a device: the bytes of activations (graph inputs, the host operators' results: embedding rows, token
   // positions) put on it, as they were on the host.
   uint64_t activation_upload_bytes() const { return activation_upload_bytes_; }
@@ -110,6 +113,7 @@ class GraphRun {
   // Initializers more than one node reads (the rotary caches of every layer): kept across release_weights.
   std::map<std::string, Value> shared_initializers_;
   std::map<std::string, kernels::Tensor> lent_;  // lend_device_upload
+  std::set<std::string> read_;                    // initializers some node has read
   uint64_t device_upload_bytes_ = 0;
   uint64_t activation_upload_bytes_ = 0;
   std::map<std::string, int64_t> host_ops_;

@@ -168,8 +168,9 @@ std::string check_learned(Backend& r, Backend& g, const Case& c, const check::We
     QuantResult given;
     r.gptq_quantize(w.m, c.spec(), r.gptq_factor(gram_view(gram, c.K), s, 0.01, false), gopt, given);
     QuantResult a = given, x = given;
-    const LearnedRoundingStats sa = r.learned_rounding(w.m, c.spec(), gram.data(), s, opt, a);
-    const LearnedRoundingStats sx = g.learned_rounding(w.m, c.spec(), gram.data(), s, opt, x);
+    const Tensor gt = gram_view(gram, c.K);  // the backend reads its own copy, as the layer engine leaves it
+    const LearnedRoundingStats sa = r.learned_rounding(w.m, c.spec(), gt, s, opt, a);
+    const LearnedRoundingStats sx = g.learned_rounding(w.m, c.spec(), g.upload(gt), s, opt, x);
     if (auto e = same(a.codes, x.codes, "codes"); !e.empty()) return e;
     if (a.sq_error != x.sq_error) return "sq_error differs";
     if (sa.objective_given != sx.objective_given || sa.objective_learned != sx.objective_learned || sa.moved != sx.moved)

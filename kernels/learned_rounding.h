@@ -66,6 +66,13 @@ struct Problem {
 };
 
 // percdamp · mean(diag(inv_s) G diag(inv_s)) over the K channels, summed in channel order.
+// The same from the Gram matrix's diagonal alone (K values, in the same order: the same bits).
+inline double damp_of_diagonal(const double* diag, const double* s, int64_t K, double percdamp) {
+  double mean = 0;
+  for (int64_t k = 0; k < K; ++k) mean += diag[k] * s[k] * s[k];
+  return percdamp * (mean / double(K));
+}
+
 inline double damp_of(const double* gram, const double* s, int64_t K, double percdamp) {
   double mean = 0;
   for (int64_t k = 0; k < K; ++k) mean += gram[k * K + k] * s[k] * s[k];

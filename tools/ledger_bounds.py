@@ -12,7 +12,7 @@ With the layer engine (summary.calibration_engine.engine "native") the statistic
 what goes up instead is its forward's input. Where the forward runs on the device (forward_on_device), the
 activations it takes from the host once (activation_upload_bytes: the graph's inputs, embedding rows),
 its weights being the search's; where it runs on the host, each activation's counted rows once
-(statistics_row_bytes, float32). awq_learned's Gram goes up once more (its rounding reads a host copy); the
+(statistics_row_bytes, float32). awq_learned's rounding reads the Gram where it accumulated; the
 searches' O(K) vectors (candidate scales, energies: up to 64 K-vectors of float32 per activation) on top of
 the 10%, since no Gram's bulk hides them on a small model; down, each activation's Σ|x| (K float64).
 
@@ -71,7 +71,8 @@ def check(model_path: str, report: dict, algo: str, block: int = 128) -> list[st
     vectors = down_vectors = 0
     if engine.get("engine") == "native":
         rows = engine["activation_upload_bytes"] if engine.get("forward_on_device") else engine["statistics_row_bytes"]
-        stats = rows + (gram_bytes(acts) if algo == "awq_learned" else 0)
+        # awq_learned's rounding reads the Gram where the statistics are (before, a host copy went up again)
+        stats = rows
         vectors, down_vectors = 64 * 4 * sum(acts.values()), 8 * sum(acts.values())
     else:
         stats = statistics_bytes(algo, acts, block)

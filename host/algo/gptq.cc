@@ -37,8 +37,8 @@ void GptqQuantizer::quantize(const PlannedWeight& pw, const kernels::WeightMatri
     }
     if (learned_ && !activation_.empty() && activation_ != pw.activation) calib_.release_gram(activation_);
     if (!learned_) calib_.release_gram(pw.activation);
-    // Learned rounding reads host memory (a device's statistics come back once for it).
-    gram_ = learned_ ? calib_.gram_as_kept(pw.activation, pw.K(), &block) : nullptr;
+    // Learned rounding reads XᵀX where calibration keeps it (the layer engine's on a device: read there).
+    gram_ = learned_ ? gram : kernels::Tensor{};
     inv_ = awq_scale ? inv : std::vector<float>{};
     activation_ = pw.activation;
     scale_ = scale;

@@ -36,7 +36,7 @@ class GptqQuantizer : public CalibratedQuantizer {
   // learned rounding reads it), then goes.
   bool learned_;
   kernels::LearnedRoundingOptions learned_opt_;
-  const double* gram_ = nullptr;
+  kernels::Tensor gram_;  // learned rounding's XᵀX, where calibration keeps it
   std::vector<float> inv_;
   const QuantizeOptions& o_;
   Calibration& calib_;

@@ -22,7 +22,7 @@ kernels::LearnedRoundingOptions learned_rounding_options(const QuantizeOptions& 
 }
 
 void learn_rounding(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
-                    const double* gram, const float* inv_s, const kernels::LearnedRoundingOptions& opt,
+                    const kernels::Tensor& gram, const float* inv_s, const kernels::LearnedRoundingOptions& opt,
                     kernels::QuantResult& q) {
   const auto t0 = std::chrono::steady_clock::now();
   const kernels::LearnedRoundingStats st = backend.learned_rounding(w, spec, gram, inv_s, opt, q);

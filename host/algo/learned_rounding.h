@@ -28,7 +28,7 @@ kernels::LearnedRoundingOptions learned_rounding_options(const QuantizeOptions& 
 // Learns q's rounding (gptq_quantize's result for w, which is W ⊙ s when inv_s is given) and adds to the
 // run's totals.
 void learn_rounding(kernels::Backend& backend, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,
-                    const double* gram, const float* inv_s, const kernels::LearnedRoundingOptions& opt,
+                    const kernels::Tensor& gram, const float* inv_s, const kernels::LearnedRoundingOptions& opt,
                     kernels::QuantResult& q);
 
 LearnedRoundingTotals learned_rounding_totals();

@@ -94,9 +94,9 @@ class CpuBackend final : public CpuCommon {
                      QuantResult& out) override {
     gptq_quantize_fast(w, spec, f, opt, out);
   }
-  LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+  LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram,
                                         const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
-    return learned_rounding_fast(w, spec, gram, inv_s, opt, q);
+    return learned_rounding_fast(w, spec, host_f64(gram, "learned_rounding"), inv_s, opt, q);
   }
   Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return forward_matmul_with(x, w, w_transposed, forward_matmul_sgemm);
@@ -147,9 +147,9 @@ class ReferenceBackend final : public CpuCommon {
                      QuantResult& out) override {
     gptq_quantize_ref(w, spec, f, opt, out);
   }
-  LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+  LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram,
                                         const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
-    return learned_rounding_ref(w, spec, gram, inv_s, opt, q);
+    return learned_rounding_ref(w, spec, host_f64(gram, "learned_rounding"), inv_s, opt, q);
   }
   Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return forward_matmul_with(x, w, w_transposed, forward_matmul_ref);

@@ -80,7 +80,7 @@ struct PolishBody {
 
 }  // namespace
 
-LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const double* gram,
+LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram,
                                                    const float* inv_s, const LearnedRoundingOptions& opt,
                                                    QuantResult& q) {
   learned::Problem p = learned::problem_of(w, spec, opt, q);
@@ -89,20 +89,40 @@ LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const 
                          q.scales.size() * 4 + q.zero_points.size() + uint64_t(N) * uint64_t(K) * 41 +
                          uint64_t(N) * 33;
   std::vector<uint8_t> hbuf;
-  if (dev_->in_use_live() + bytes + kSlack > dev_->budget())
+  // The Gram where the layer engine's statistics left it is read there; a host one goes up.
+  const uint8_t* gk = kept(gram.buffer);
+  const auto* resident = gk ? reinterpret_cast<const double*>(gk + mine(gram.buffer)->offset) : nullptr;
+  if (gram.dtype != DType::kFloat64 || gram.elements() != K * K || (!resident && !gram.data))
+    throw std::invalid_argument("learned_rounding: gram must be the float64 K x K XᵀX");
+  if (dev_->in_use_live() + bytes - (resident ? uint64_t(K) * uint64_t(K) * 8 : 0) + kSlack > dev_->budget())
     return on_host("learned_rounding", [&](Backend& h) {
-      return h.learned_rounding(host_weight(w, hbuf), spec, gram, inv_s, opt, q);
+      std::vector<uint8_t> gbuf;
+      Tensor gh = gram;
+      if (!gram.data) {
+        gbuf = download(gram);
+        gh = host_view(DType::kFloat64, gram.shape, gbuf.data());
+      }
+      return h.learned_rounding(host_weight(w, hbuf), spec, gh, inv_s, opt, q);
     });
   const OpScope op(*dev_, "learned_rounding");
   // The two residual passes (K² per row, two flops each); the walks are O(K) per step and move.
   dev_->count_flops(0, 4.0 * double(N) * double(K) * double(K));
-  const WeightMatrix hw = host_weight(w, hbuf);
   std::vector<double> s(size_t(K), 1.0);
   if (inv_s)
     for (int64_t k = 0; k < K; ++k) s[size_t(k)] = double(inv_s[k]);
-  p.damp = learned::damp_of(gram, s.data(), K, opt.percdamp);
-  const DeviceBuffer<uint8_t> w_d = upload(static_cast<const uint8_t*>(hw.data), hw.bytes());
-  const DeviceBuffer<double> gram_d = upload(gram, size_t(K * K)), s_d = upload(s.data(), s.size());
+  std::vector<double> diag(static_cast<size_t>(K));
+  if (resident) {  // only the diagonal comes back, for the dampening
+    dev_->synchronize();
+    dev_->to_host_2d(diag.data(), sizeof(double), resident, size_t(K + 1) * sizeof(double), sizeof(double), size_t(K));
+  } else {
+    for (int64_t k = 0; k < K; ++k) diag[size_t(k)] = gram.f64()[k * K + k];
+  }
+  p.damp = learned::damp_of_diagonal(diag.data(), s.data(), K, opt.percdamp);
+  DeviceBuffer<uint8_t> w_tmp;  // the weight where this backend keeps it (W ⊙ s left by scale_weight), else up
+  const uint8_t* w_dev = weight_on_device(w, w_tmp);
+  DeviceBuffer<double> gram_up;
+  if (!resident) gram_up = upload(gram.f64(), size_t(K * K));
+  const DeviceBuffer<double> s_d = upload(s.data(), s.size());
   const DeviceBuffer<float> scales_d = upload(q.scales.data(), q.scales.size());
   const DeviceBuffer<uint8_t> zp_d = upload(q.zero_points.data(), q.zero_points.size());
   const DeviceBuffer<uint8_t> given_d = upload(q.codes.data(), q.codes.size());
@@ -111,7 +131,7 @@ LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const 
       sq_d(*dev_, size_t(N));
   DeviceBuffer<uint8_t> best_d(*dev_, size_t(N * K)), redo_d(*dev_, size_t(N));
   DeviceBuffer<int64_t> moved_d(*dev_, size_t(N));
-  p.w = w_d.get(), p.gram = gram_d.get(), p.s = s_d.get(), p.scales = scales_d.get();
+  p.w = w_dev, p.gram = resident ? resident : gram_up.get(), p.s = s_d.get(), p.scales = scales_d.get();
   p.zero_points = q.zero_points.empty() ? nullptr : zp_d.get();
   const RowArrays a{rows_d.get(), best_d.get(), K};
   launch(*dev_, N, StartBody{p, a, codes_d.get()});

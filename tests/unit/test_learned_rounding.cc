@@ -67,7 +67,7 @@ Quantized run(Backend& b, const WeightMatrix& m, const QuantSpec& spec,
   const Tensor gram = host_view(DType::kFloat64, {kK, kK}, g.data());
   b.gptq_quantize(m, spec, b.gptq_factor(gram, inv_s.data(), opt.percdamp, false), gopt, r.gptq);
   r.learned = r.gptq;
-  r.stats = b.learned_rounding(m, spec, g.data(), inv_s.data(), opt, r.learned);
+  r.stats = b.learned_rounding(m, spec, gram, inv_s.data(), opt, r.learned);
   return r;
 }
 
@@ -104,7 +104,8 @@ TEST_P(LearnedRounding, LowersGptqsOutputErrorAndReportsItExactly) {
     EXPECT_EQ(a.learned.zero_points, a.gptq.zero_points);
     // The threaded kernel from the same GPTQ codes: the reference's bits.
     QuantResult threaded = a.gptq;
-    const LearnedRoundingStats st = cpu_backend->learned_rounding(m, spec, g.data(), inv_s.data(), opt, threaded);
+    const LearnedRoundingStats st = cpu_backend->learned_rounding(m, spec, host_view(DType::kFloat64, {kK, kK}, g.data()), inv_s.data(), opt,
+                                                                    threaded);
     EXPECT_EQ(threaded.codes, a.learned.codes);
     EXPECT_EQ(st.objective_learned, a.stats.objective_learned);
     EXPECT_EQ(threaded.sq_error, a.learned.sq_error);

@@ -22,12 +22,16 @@ std::string close(double want, double got, double rel, const std::string& what) 
          std::to_string(rel) + ")";
 }
 
-std::string same_quant(const QuantResult& want, const QuantResult& got) {
+// Plain RTN sums each block's squared error in float: a device's [N, K] layout adds its lanes' partial
+// sums, another order, each within (block - 1) float roundings of the exact sum (backend_check.h).
+constexpr double kPlainRtnErrorBound = 2e-4;
+
+std::string same_quant(const QuantResult& want, const QuantResult& got, double error_bound = 1e-12) {
   if (want.groups != got.groups) return "groups differ";
   for (const std::string& e : {same(want.codes, got.codes, "codes"), same(want.scales, got.scales, "scales"),
                                same(want.zero_points, got.zero_points, "zero points"),
                                same(want.float_zero_points, got.float_zero_points, "float zero points"),
-                               close(want.sq_error, got.sq_error, 1e-12, "sq_error")})
+                               close(want.sq_error, got.sq_error, error_bound, "sq_error")})
     if (!e.empty()) return e;
   return {};
 }
@@ -89,7 +93,7 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
       QuantResult a, x;
       r.rtn(w.m, spec, a);
       g.rtn(w.m, spec, x);
-      if (auto e = same_quant(a, x); !e.empty()) return e;
+      if (auto e = same_quant(a, x, kPlainRtnErrorBound); !e.empty()) return e;
     }
     return std::string();
   }));
@@ -155,7 +159,7 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
       QuantResult qa, qx;
       r.rtn(a, c.spec(), qa);
       g.rtn(x, c.spec(), qx);
-      return same_quant(qa, qx);
+      return same_quant(qa, qx, kPlainRtnErrorBound);
     }));
   out.push_back(run("divide_columns", ref, b, symmetric_only(cs),
                     [&](Backend& r, Backend& g, const Case& c, const check::Weight& w) {

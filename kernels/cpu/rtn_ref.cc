@@ -112,6 +112,7 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
     }
     out.scales[size_t(param_index(g, n))] = p.scale;
     const float reciprocal = hd::reciprocal_ort(p.scale);
+    float block_err = 0.0f;  // in float over the block (k ascending), the blocks' sums in double
     for (int64_t k = k0; k < k1; ++k) {
       const size_t i = size_t(elem_index(k, n));
       const float v = load_float(w.dtype, w.data, i);
@@ -120,9 +121,10 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
                                : hd::quantize_symmetric_ort(v, reciprocal, spec.bits);
       out.codes[i] = c;
       // The error of the weight the model will really use: DequantizeLinear's output dtype.
-      const double d = double(v) - double(round_to(w.dtype, dequantize_value(c, p, spec.bits, zp)));
-      err += d * d;
+      const float d = v - round_to(w.dtype, dequantize_value(c, p, spec.bits, zp));
+      block_err += d * d;
     }
+    err += double(block_err);
   };
 
   parallel_for(tiles, [&](int64_t t) {

@@ -8,8 +8,9 @@
 // adjacent columns of a row, which is coalesced already.
 //
 // The range (amax, or min and max) by warp_tree_reduce is exact whatever the order, so the codes are
-// RtnBody's; the block's squared error is its lanes' partial sums (k ascending) added by the tree,
-// which is rtn_block_error_tree's order, not the serial one (it feeds only the reported error).
+// RtnBody's; the block's squared error is its lanes' float partial sums (k ascending) added in double by
+// the tree, not the serial float sum of RtnBody and the reference: it feeds only the reported error, within
+// the bound backend_check.h states for plain RTN.
 #pragma once
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/launch_blocks.h"
@@ -81,16 +82,16 @@ struct RtnWarpBlocks {
     } else if constexpr (P == 2) {
       const hd::Params p = ws.p;
       const float reciprocal = hd::reciprocal_ort(p.scale);
-      double err = 0;
+      float err = 0;
       for (int64_t k = k0 + j; k < k1; k += kWarp) {
         const int64_t i = w.index(k, n);
         const float v = hd::load(w.dtype, w.data, i);
         const uint8_t c = code_of(s, v, p, reciprocal, w.dtype);
         o.codes[i] = c;
-        const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
+        const float d = v - hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point));
         err += d * d;
       }
-      ws.err[j] = err;
+      ws.err[j] = double(err);
     } else {
       const double err = warp_tree_reduce(ws.err, j, PlusOp{});
       if (j == 0) store_params(w, s, o, G, g, n, ws.p, err);

@@ -54,20 +54,22 @@ NIBBLE_HD inline uint8_t code_of(const BlockShape& s, float v, hd::Params p, flo
                       : hd::quantize_symmetric_ort(v, reciprocal, s.bits);
 }
 
-// Codes of block (g, n) with params p; returns Σ (w - ŵ)² in double, ŵ in the weight dtype.
+// Codes of block (g, n) with params p; returns Σ (w - ŵ)², ŵ in the weight dtype, summed in Acc (k ascending):
+// float for plain RTN (rtn_quantize_ref's per-block partial sums), double where the CPU's counterpart sums so.
+template <class Acc = double>
 NIBBLE_HD inline double write_block(const WeightView& w, const BlockShape& s, int64_t k0, int64_t k1, int64_t n,
                                     hd::Params p, uint8_t* codes) {
-  double err = 0;
+  Acc err = 0;
   const float reciprocal = hd::reciprocal_ort(p.scale);
   for (int64_t k = k0; k < k1; ++k) {
     const int64_t i = w.index(k, n);
     const float v = hd::load(w.dtype, w.data, i);
     const uint8_t c = code_of(s, v, p, reciprocal, w.dtype);
     codes[i] = c;
-    const double d = double(v) - double(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
+    const Acc d = Acc(v) - Acc(hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point)));
     err += d * d;
   }
-  return err;
+  return double(err);
 }
 
 NIBBLE_HD inline void store_params(const WeightView& w, const BlockShape& s, const QuantOut& o, int64_t G, int64_t g,
@@ -104,7 +106,7 @@ struct RtnBody {
       }
       p = hd::params_symmetric(amax, s.bits, w.dtype);
     }
-    store_params(w, s, o, G, g, n, p, write_block(w, s, k0, k1, n, p, o.codes));
+    store_params(w, s, o, G, g, n, p, write_block<float>(w, s, k0, k1, n, p, o.codes));
   }
 };
 

@@ -22,6 +22,17 @@ std::string canonical_or_same(const std::string& p) {
   return ec ? p : c.string();
 }
 
+// pwrite of all n bytes at `offset`: 0, or the errno of the write that failed (EIO for a write of nothing).
+int pwrite_all(int fd, const uint8_t* p, size_t n, uint64_t offset) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t w = ::pwrite(fd, p + done, n - done, off_t(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 ? errno : EIO;
+    done += size_t(w);
+  }
+  return 0;
+}
+
 }  // namespace
 
 ModelWriter::ModelWriter(const std::string& out_path, const Options& options) {
@@ -166,6 +177,7 @@ ModelWriter::~ModelWriter() {
 }
 
 void ModelWriter::cleanup() noexcept {
+  if (in_flight_.valid()) in_flight_.wait();  // its descriptor and buffer are about to go
   if (data_fd_ >= 0) ::close(data_fd_);
   data_fd_ = -1;
   if (direct_fd_ >= 0) ::close(direct_fd_);
@@ -206,12 +218,46 @@ void ModelWriter::stage(const uint8_t* p, uint64_t n) {
     staged_ += take;
     p += take;
     n -= take;
-    if (staged_ == kStageBytes) flush();
+    if (staged_ == kStageBytes) submit_stage();
   }
   if (n > 0) write_all(data_fd_, p, n, "the data file of " + out_path_);
 }
 
+// The full staging buffer (whole blocks) goes to the file on a thread of its own, once the write before it
+// is done; the other buffer takes the next bytes. Without memory for a second buffer: written here.
+void ModelWriter::submit_stage() {
+  wait_in_flight();
+  if (!direct()) return;  // the write in flight fell back to buffered writes, and wrote the stage too
+  if (!spare_) spare_.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlock, kStageBytes)));
+  if (!spare_) return flush();
+  std::swap(stage_, spare_);
+  in_flight_offset_ = stage_offset_;
+  in_flight_bytes_ = staged_;
+  in_flight_ = std::async(std::launch::async, pwrite_all, direct_fd_, spare_.get(), staged_, stage_offset_);
+  stage_offset_ += staged_;
+  staged_ = 0;
+}
+
+// Waits for the write in flight. Where the file system refused O_DIRECT for it (EINVAL), what came before it
+// is in the file: it and the staged bytes after it are written buffered from there on.
+void ModelWriter::wait_in_flight() {
+  if (!in_flight_.valid()) return;
+  const int e = in_flight_.get();
+  if (e == 0) return;
+  const std::string what = "the data file of " + out_path_;
+  if (e != EINVAL) throw Error("writing " + what + ": " + errno_text(e));
+  ::close(direct_fd_);
+  direct_fd_ = -1;
+  if (::ftruncate(data_fd_, off_t(in_flight_offset_)) != 0 || ::lseek(data_fd_, off_t(in_flight_offset_), SEEK_SET) < 0)
+    throw Error("writing " + what + ": " + errno_text(errno));
+  write_all(data_fd_, spare_.get(), in_flight_bytes_, what);
+  const size_t n = staged_;
+  staged_ = 0;
+  write_all(data_fd_, stage_.get(), n, what);
+}
+
 void ModelWriter::flush() {
+  wait_in_flight();
   if (!direct() || staged_ == 0) return;
   const size_t full = staged_ / kBlock * kBlock;
   const size_t padded = (staged_ + kBlock - 1) / kBlock * kBlock;
@@ -226,16 +272,12 @@ void ModelWriter::flush() {
 // Writes stage_[0, bytes) at stage_offset_; false if the file system refused O_DIRECT there and the
 // writer fell back to buffered writes.
 bool ModelWriter::write_staged(size_t bytes) {
-  for (size_t done = 0; done < bytes;) {
-    const ssize_t w = ::pwrite(direct_fd_, stage_.get() + done, bytes - done, off_t(stage_offset_ + done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno == EINVAL) {
-      fall_back_to_buffered();
-      return false;
-    }
-    if (w <= 0) throw Error("writing the data file of " + out_path_ + ": " + errno_text(w < 0 ? errno : EIO));
-    done += size_t(w);
+  const int e = pwrite_all(direct_fd_, stage_.get(), bytes, stage_offset_);
+  if (e == EINVAL) {
+    fall_back_to_buffered();
+    return false;
   }
+  if (e != 0) throw Error("writing the data file of " + out_path_ + ": " + errno_text(e));
   return true;
 }
 

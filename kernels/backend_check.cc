@@ -22,7 +22,7 @@ std::string close(double want, double got, double rel, const std::string& what) 
          std::to_string(rel) + ")";
 }
 
-// Plain RTN sums each block's squared error in float: a device's [N, K] layout adds its lanes' partial
+// Plain RTN sums an fp16 weight's block errors in float: a device's [N, K] layout adds its lanes' partial
 // sums, another order, each within (block - 1) float roundings of the exact sum (backend_check.h).
 constexpr double kPlainRtnErrorBound = 2e-4;
 

@@ -112,7 +112,11 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
     }
     out.scales[size_t(param_index(g, n))] = p.scale;
     const float reciprocal = hd::reciprocal_ort(p.scale);
-    float block_err = 0.0f;  // in float over the block (k ascending), the blocks' sums in double
+    // The block's error in element order: in float for fp16 weights (|w - ŵ|² ≤ 65504², no overflow), in
+    // double for the wider types; the blocks' sums in double.
+    const bool f16 = w.dtype == DType::kFloat16;
+    float block_err = 0.0f;
+    double block_err_wide = 0.0;
     for (int64_t k = k0; k < k1; ++k) {
       const size_t i = size_t(elem_index(k, n));
       const float v = load_float(w.dtype, w.data, i);
@@ -121,10 +125,16 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
                                : hd::quantize_symmetric_ort(v, reciprocal, spec.bits);
       out.codes[i] = c;
       // The error of the weight the model will really use: DequantizeLinear's output dtype.
-      const float d = v - round_to(w.dtype, dequantize_value(c, p, spec.bits, zp));
-      block_err += d * d;
+      const float dq = round_to(w.dtype, dequantize_value(c, p, spec.bits, zp));
+      if (f16) {
+        const float d = v - dq;
+        block_err += d * d;
+      } else {
+        const double d = double(v) - double(dq);
+        block_err_wide += d * d;
+      }
     }
-    err += double(block_err);
+    err += f16 ? double(block_err) : block_err_wide;
   };
 
   parallel_for(tiles, [&](int64_t t) {

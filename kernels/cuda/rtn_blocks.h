@@ -8,9 +8,9 @@
 // adjacent columns of a row, which is coalesced already.
 //
 // The range (amax, or min and max) by warp_tree_reduce is exact whatever the order, so the codes are
-// RtnBody's; the block's squared error is its lanes' float partial sums (k ascending) added in double by
-// the tree, not the serial float sum of RtnBody and the reference: it feeds only the reported error, within
-// the bound backend_check.h states for plain RTN.
+// RtnBody's; the block's squared error is its lanes' partial sums (k ascending; in float for fp16 weights)
+// added in double by the tree, not the serial sum of RtnBody and the reference: it feeds only the reported
+// error, within the bound backend_check.h states for plain RTN.
 #pragma once
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/launch_blocks.h"
@@ -82,16 +82,23 @@ struct RtnWarpBlocks {
     } else if constexpr (P == 2) {
       const hd::Params p = ws.p;
       const float reciprocal = hd::reciprocal_ort(p.scale);
-      float err = 0;
+      float err = 0;         // fp16 weights (rtn_quantize_ref)
+      double err_wide = 0;   // the wider types
       for (int64_t k = k0 + j; k < k1; k += kWarp) {
         const int64_t i = w.index(k, n);
         const float v = hd::load(w.dtype, w.data, i);
         const uint8_t c = code_of(s, v, p, reciprocal, w.dtype);
         o.codes[i] = c;
-        const float d = v - hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point));
-        err += d * d;
+        const float dq = hd::round_to(w.dtype, hd::dequantize(c, p, s.zero_point));
+        if (w.dtype == hd::kF16) {
+          const float d = v - dq;
+          err += d * d;
+        } else {
+          const double d = double(v) - double(dq);
+          err_wide += d * d;
+        }
       }
-      ws.err[j] = double(err);
+      ws.err[j] = w.dtype == hd::kF16 ? double(err) : err_wide;
     } else {
       const double err = warp_tree_reduce(ws.err, j, PlusOp{});
       if (j == 0) store_params(w, s, o, G, g, n, ws.p, err);

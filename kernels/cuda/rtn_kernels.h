@@ -55,7 +55,7 @@ NIBBLE_HD inline uint8_t code_of(const BlockShape& s, float v, hd::Params p, flo
 }
 
 // Codes of block (g, n) with params p; returns Σ (w - ŵ)², ŵ in the weight dtype, summed in Acc (k ascending):
-// float for plain RTN (rtn_quantize_ref's per-block partial sums), double where the CPU's counterpart sums so.
+// plain RTN's blocks sum fp16 weights' errors in float (rtn_quantize_ref), everything else in double.
 template <class Acc = double>
 NIBBLE_HD inline double write_block(const WeightView& w, const BlockShape& s, int64_t k0, int64_t k1, int64_t n,
                                     hd::Params p, uint8_t* codes) {
@@ -106,7 +106,9 @@ struct RtnBody {
       }
       p = hd::params_symmetric(amax, s.bits, w.dtype);
     }
-    store_params(w, s, o, G, g, n, p, write_block<float>(w, s, k0, k1, n, p, o.codes));
+    store_params(w, s, o, G, g, n, p,
+                 w.dtype == hd::kF16 ? write_block<float>(w, s, k0, k1, n, p, o.codes)
+                                     : write_block<double>(w, s, k0, k1, n, p, o.codes));
   }
 };
 

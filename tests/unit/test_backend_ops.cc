@@ -280,7 +280,7 @@ TEST(CudaEmulated, WeightsLargerThanTheBudgetStreamInPanels) {
     EXPECT_EQ(a.codes, b.codes);
     EXPECT_EQ(a.scales, b.scales);
     EXPECT_EQ(a.zero_points, b.zero_points);
-    // Each block's error summed in float; on k_axis 1 the device adds its lanes' sums (backend_check.h).
+    // An fp16 weight's block errors summed in float; on k_axis 1 the device adds its lanes' sums.
     EXPECT_NEAR(a.sq_error, b.sq_error, (k_axis == 0 ? 1e-12 : 2e-4) * a.sq_error);
     const auto cw = check::positive(c.K, 0.1f, 2.0f, 4);
     ref->rtn_weighted(w.m, c.spec(), cw.data(), {1.0f, 0.9f}, a);

@@ -300,20 +300,23 @@ TEST(RtnWarpBlocks, EqualsTheReferenceBitForBitOnNKWeights) {
         if (zp) {
           EXPECT_EQ(check::same(want.zero_points, zps, "zero points"), "") << at;
         }
-        // Each block's error: its lanes' float sums (lane j: k0 + j, k0 + j + 32, ...) added in double by the tree.
+        // Each block's error: its lanes' sums (lane j: k0 + j, k0 + j + 32, ...; in float for fp16 weights)
+        // added in double by the tree.
         for (int64_t n = 0; n < N; ++n)
           for (int64_t g = 0; g < G; ++g) {
-            float lane[32] = {};
+            float lane16[32] = {};
+            double lane[32] = {};
             const int64_t k0 = g * block, k1 = std::min(K, k0 + block);
             const hd::Params p{want.scales[size_t(n * G + g)], zp ? want.zero_points[size_t(n * G + g)] : uint8_t(0)};
             for (int64_t k = k0; k < k1; ++k) {
               const float x = hd::load(int(t), w.m.data, n * K + k);
-              const float d = x - hd::round_to(int(t), hd::dequantize(want.codes[size_t(n * K + k)], p, zp));
-              lane[(k - k0) % 32] += d * d;
+              const float dq = hd::round_to(int(t), hd::dequantize(want.codes[size_t(n * K + k)], p, zp));
+              lane16[(k - k0) % 32] += (x - dq) * (x - dq);
+              lane[(k - k0) % 32] += (double(x) - double(dq)) * (double(x) - double(dq));
             }
-            double lanes[32];
-            for (int j = 0; j < 32; ++j) lanes[j] = double(lane[j]);
-            const double e = tree_reduce<32>(lanes, PlusOp{});
+            if (t == DType::kFloat16)
+              for (int j = 0; j < 32; ++j) lane[j] = double(lane16[j]);
+            const double e = tree_reduce<32>(lane, PlusOp{});
             ASSERT_EQ(std::memcmp(&err[size_t(g * N + n)], &e, 8), 0) << at << " block " << g << " column " << n;
           }
       }

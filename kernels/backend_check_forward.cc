@@ -161,11 +161,13 @@ std::string check_binary(Backend& r, Backend& g, const Case&, const check::Weigh
       if (auto e = same(want, got, "binary " + std::to_string(int(op))); !e.empty()) return e;
     }
   const std::vector<float> two{2.0f}, half{0.5f};
-  for (const auto* e : {&two, &half}) {  // x², bit for bit; x^0.5, the device's pow within 2 ulp
+  // x² bit for bit; x^0.5 within 8 ulp of results near 1 (the CPU's powf is within 1 ulp, a GPU's powf
+  // within a few: neither is correctly rounded).
+  for (const auto* e : {&two, &half}) {
     const Tensor x = view(pos, {2, 3, 4}), y = view(*e, {1});
     const auto want = floats_of(r, r.forward_binary(ForwardBinary::kPow, x, y));
     const auto got = floats_of(g, g.forward_binary(ForwardBinary::kPow, g.upload(x), g.upload(y)));
-    if (auto err = within(want, got, want, 2.4e-7, "pow"); !err.empty()) return err;
+    if (auto err = within(want, got, want, 9.6e-7, "pow"); !err.empty()) return err;
   }
   return {};
 }

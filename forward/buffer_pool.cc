@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -27,6 +28,26 @@ size_t mapped_size(size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+// Fresh pages for a buffer of `size` bytes (a multiple of the page). From 2 MiB on, aligned to 2 MiB and
+// marked for transparent huge pages: a 7B layer's buffers (90-180 MB, above the idle cap, so mapped anew
+// for each operator) then fault in 512 times fewer pieces. The hint does nothing where THP is off.
+void* map_pages(size_t size) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  if (size < kHuge) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return p;
+  }
+  void* raw = ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = uintptr_t(raw), aligned = (start + kHuge - 1) & ~uintptr_t(kHuge - 1);
+  if (aligned > start) ::munmap(raw, aligned - start);  // the slop before and after: pool_free unmaps `size`
+  ::munmap(reinterpret_cast<void*>(aligned + size), start + kHuge - aligned);
+  void* p = reinterpret_cast<void*>(aligned);
+  ::madvise(p, size, MADV_HUGEPAGE);
+  return p;
+}
+
 }  // namespace
 
 void* pool_alloc(size_t bytes) {
@@ -46,9 +67,7 @@ void* pool_alloc(size_t bytes) {
       return p;
     }
   }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  return p;
+  return map_pages(size);
 }
 
 void pool_free(void* p, size_t bytes) noexcept {

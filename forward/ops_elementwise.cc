@@ -133,6 +133,8 @@ std::vector<Value> cast(const OpCall& c) {
     return {v};
   }
   if (is_quantizable_float(to)) {
+    if (a.is_float() && a.storage() == DType::kFloat32 && to != DType::kFloat32)  // rounded where it is
+      return {rounded_value(to, a.shape, a.as<float>())};
     if (a.is_float()) return {from_floats(to, a.shape, to_floats(a))};
     const auto x = to_ints(a);
     Floats f(x.begin(), x.end());

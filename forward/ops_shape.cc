@@ -32,12 +32,22 @@ Value strided_copy(const OpCall& c, const Value& in, const std::vector<int64_t>&
   }
   if (in.on_device()) c.fail("a strided copy of rank " + std::to_string(out_shape.size()) + " on the device");
   void* p = nullptr;
-  Value out = new_value(in.dtype, out_shape, &p);
+  Value out = unfilled_value(in.dtype, out_shape, &p);  // every element is copied
   const size_t es = dtype_size(in.dtype);
-  const auto* src = static_cast<const uint8_t*>(in.data) + base * int64_t(es);
-  auto* dst = static_cast<uint8_t*>(p);
   const std::vector<int64_t> s[1] = {strides};
-  for_each_broadcast(out_shape, s, [&](int64_t i, int64_t o) { std::memcpy(dst + i * int64_t(es), src + o * int64_t(es), es); });
+  const auto copy = [&](auto element) {  // elements of one size, over the worker threads
+    using E = decltype(element);
+    const E* src = static_cast<const E*>(in.data) + base;
+    E* dst = static_cast<E*>(p);
+    parallel_broadcast(out_shape, s, [&](int64_t i, int64_t o) { dst[i] = src[o]; });
+  };
+  switch (es) {
+    case 1: copy(uint8_t{}); break;
+    case 2: copy(uint16_t{}); break;
+    case 4: copy(uint32_t{}); break;
+    case 8: copy(uint64_t{}); break;
+    default: c.fail("elements of " + std::to_string(es) + " bytes");
+  }
   return out;
 }
 

@@ -2,9 +2,45 @@
 
 #include <cstring>
 
+#include "forward/broadcast.h"
 #include "loaders/error.h"
 
 namespace nibble::forward {
+
+Value unfilled_value(DType dtype, std::vector<int64_t> shape, void** out) {
+  Value v{dtype, std::move(shape), nullptr, {}, false, {}};
+  const size_t n = v.bytes();
+  void* p = pool_alloc(n);
+  v.hold = std::shared_ptr<void>(p, [n](void* q) { pool_free(q, n); });
+  v.data = p;
+  *out = p;
+  return v;
+}
+
+namespace {
+
+// fp16 / bf16 elements to float32 and back, over the worker threads: element by element, so the bits do
+// not depend on the ranges (a 7B layer's activations are 10^7-10^8 elements per operator).
+void widen(DType t, const uint16_t* h, float* out, int64_t n) {
+  parallel_ranges(n, [&](int64_t begin, int64_t end) {  // one branch-free loop per type (vectorized)
+    if (t == DType::kFloat16)
+      for (int64_t i = begin; i < end; ++i) out[i] = half_to_float(h[i]);
+    else
+      for (int64_t i = begin; i < end; ++i) out[i] = bf16_to_float(h[i]);
+  });
+}
+
+// Each element rounded to t (float_to_half rounds as round_to then stores exactly).
+void round_into(DType t, const float* x, uint16_t* out, int64_t n) {
+  parallel_ranges(n, [&](int64_t begin, int64_t end) {
+    if (t == DType::kFloat16)
+      for (int64_t i = begin; i < end; ++i) out[i] = float_to_half(x[i]);
+    else
+      for (int64_t i = begin; i < end; ++i) out[i] = float_to_bf16(x[i]);
+  });
+}
+
+}  // namespace
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -38,12 +74,19 @@ Floats to_floats(const Value& v) {
     if (n) std::memcpy(out.data(), v.data, size_t(n) * 4);
     return out;
   }
-  const auto* h = static_cast<const uint16_t*>(v.data);  // one branch-free loop per type (vectorized)
-  if (v.dtype == DType::kFloat16)
-    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = half_to_float(h[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = bf16_to_float(h[i]);
+  widen(v.dtype, static_cast<const uint16_t*>(v.data), out.data(), n);
   return out;
+}
+
+Value rounded_value(DType dtype, std::vector<int64_t> shape, const float* x) {
+  if (dtype == DType::kFloat32) {
+    Floats f(x, x + numel_of(shape));
+    return from_floats(dtype, std::move(shape), std::move(f));
+  }
+  void* p = nullptr;
+  Value v = unfilled_value(dtype, std::move(shape), &p);
+  round_into(dtype, x, static_cast<uint16_t*>(p), v.numel());
+  return v;
 }
 
 Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool wide) {
@@ -54,13 +97,12 @@ Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool w
     auto held = std::make_shared<Floats>(std::move(values));
     return Value{dtype, std::move(shape), held->data(), held, wide, {}};
   }
-  void* p = nullptr;
-  Value v = new_value(dtype, std::move(shape), &p);
-  for (size_t i = 0; i < values.size(); ++i) store_float(dtype, p, i, round_to(dtype, values[i]));
-  return v;
+  if (int64_t(values.size()) != numel_of(shape)) throw Error("forward: " + std::to_string(values.size()) +
+                                                             " elements for shape " + shape_text(shape));
+  return rounded_value(dtype, std::move(shape), values.data());
 }
 
-Value narrow(const Value& v) { return v.wide ? from_floats(v.dtype, v.shape, to_floats(v)) : v; }
+Value narrow(const Value& v) { return v.wide ? rounded_value(v.dtype, v.shape, v.as<float>()) : v; }
 
 std::vector<int64_t> to_ints(const Value& v) {
   const int64_t n = v.numel();

@@ -47,6 +47,8 @@ int64_t numel_of(const std::vector<int64_t>& shape);
 
 // A value of its own, zero-filled; *out points at its bytes for the operator to fill.
 Value new_value(DType dtype, std::vector<int64_t> shape, void** out);
+// The same, not zero-filled: for an operator that writes every element.
+Value unfilled_value(DType dtype, std::vector<int64_t> shape, void** out);
 // A value that views memory the caller keeps alive for the run.
 Value view_value(DType dtype, std::vector<int64_t> shape, const void* data);
 
@@ -55,6 +57,9 @@ Floats to_floats(const Value& v);
 // A float value of type `dtype` from float32 elements, each rounded to `dtype`; with `wide`, an fp16/bf16
 // value keeps them unrounded in float32.
 Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool wide = false);
+// A float value of type `dtype` from the numel_of(shape) float32 elements at x, each rounded to `dtype`
+// (read where they are: no copy first).
+Value rounded_value(DType dtype, std::vector<int64_t> shape, const float* x);
 // A wide value rounded to its type (what ONNX Runtime's inserted Cast does); any other value as it is.
 Value narrow(const Value& v);
 // The elements of an integer value (int64, int32, int8, uint8) as int64.

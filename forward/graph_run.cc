@@ -62,6 +62,7 @@ void GraphRun::release_weights() {
   device_upload_bytes_ = 0;
   lent_.clear();
   widened_bytes_ = 0;
+  Floats().swap(weight_scratch_);
   for (const auto& v : views_)
     if (v->external) model_.release(*v);
   views_.clear();
@@ -111,7 +112,7 @@ Value GraphRun::host_value(const Value& v) const {
 }
 
 std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in) {
-  OpCall call{n, {}, op.float32_on_cpu, &products_, nullptr};
+  OpCall call{n, {}, op.float32_on_cpu, &products_, nullptr, &weight_scratch_};
   std::vector<Value> held;  // inputs converted for this node (reserved: pointers into it stay valid)
   held.reserve(2 * in.size());
   if (device_) {

@@ -101,6 +101,7 @@ class GraphRun {
   static constexpr size_t kWidenedBudget = size_t(256) << 20;
   std::map<std::string, Value> initializers_;
   size_t widened_bytes_ = 0;
+  Floats weight_scratch_;  // OpCall::weight_scratch, given back with the weights
   std::vector<std::shared_ptr<TensorView>> views_;
   std::map<std::string, Value> overrides_;  // substitute()
   std::map<std::string, int> readers_;         // how many node inputs read each name

@@ -21,6 +21,9 @@ struct OpCall {
   // The run's device backend when the node runs there (device_ops.h): an operator that moves elements
   // (strided_copy, Cast) then moves a device value's there.
   kernels::Backend* device = nullptr;
+  // The run's buffer for an fp16/bf16 weight widened for one product (GraphRun keeps it for the pass): the
+  // same bytes each time instead of fresh pages a 7B weight's size, faulted in and zeroed by the kernel.
+  Floats* weight_scratch = nullptr;
 
   // A float result: wide where the operator runs in float32 on ONNX Runtime's CPU provider, else rounded.
   Value result(DType dtype, std::vector<int64_t> shape, Floats values) const {

@@ -14,7 +14,7 @@ namespace {
 // A float value's elements as float32: a view for float32, else a widened copy kept in `keep`.
 const float* floats_of(const Value& v, Floats& keep) {
   if (v.storage() == DType::kFloat32) return v.as<float>();
-  keep = to_floats(v);
+  to_floats_into(v, keep);
   return keep.data();
 }
 
@@ -29,7 +29,8 @@ std::vector<Value> matmul(const OpCall& c) {
   std::vector<int64_t> a_batch(a.shape.begin(), a.shape.end() - 2), b_batch(b.shape.begin(), b.shape.end() - 2);
   Floats ka, kb;
   const float* A = floats_of(a, ka);
-  const float* B = floats_of(b, kb);
+  // A weight (B of no batch axes) not widened once for the pass is widened into the run's scratch.
+  const float* B = floats_of(b, b_batch.empty() && c.weight_scratch ? *c.weight_scratch : kb);
   if (b_batch.empty()) {  // the weight case: every row of A against one B
     const int64_t rows = a.numel() / K;
     Floats out(static_cast<size_t>(rows * N));

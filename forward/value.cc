@@ -67,15 +67,20 @@ Value view_value(DType dtype, std::vector<int64_t> shape, const void* data) {
 }
 
 Floats to_floats(const Value& v) {
+  Floats out;
+  to_floats_into(v, out);
+  return out;
+}
+
+void to_floats_into(const Value& v, Floats& out) {
   if (!v.is_float()) throw Error("forward: expected a float tensor, got " + dtype_name(v.dtype));
   const int64_t n = v.numel();
-  Floats out(static_cast<size_t>(n));
+  out.resize(static_cast<size_t>(n));
   if (v.storage() == DType::kFloat32) {
     if (n) std::memcpy(out.data(), v.data, size_t(n) * 4);
-    return out;
+    return;
   }
   widen(v.dtype, static_cast<const uint16_t*>(v.data), out.data(), n);
-  return out;
 }
 
 Value rounded_value(DType dtype, std::vector<int64_t> shape, const float* x) {

@@ -54,6 +54,8 @@ Value view_value(DType dtype, std::vector<int64_t> shape, const void* data);
 
 // The elements of a float value as float32 (fp16 and bf16 widened; float32 and wide values copied).
 Floats to_floats(const Value& v);
+// The same into `out` (resized; its memory reused where it is large enough).
+void to_floats_into(const Value& v, Floats& out);
 // A float value of type `dtype` from float32 elements, each rounded to `dtype`; with `wide`, an fp16/bf16
 // value keeps them unrounded in float32.
 Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool wide = false);

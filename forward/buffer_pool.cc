@@ -28,12 +28,12 @@ size_t mapped_size(size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
-// Fresh pages for a buffer of `size` bytes (a multiple of the page). From 2 MiB on, aligned to 2 MiB and
+// Fresh pages for a buffer of `size` bytes (a multiple of the page). From 16 MiB on, aligned to 2 MiB and
 // marked for transparent huge pages: a 7B layer's buffers (90-180 MB, above the idle cap, so mapped anew
 // for each operator) then fault in 512 times fewer pieces. The hint does nothing where THP is off.
 void* map_pages(size_t size) {
-  constexpr size_t kHuge = size_t(2) << 20;
-  if (size < kHuge) {
+  constexpr size_t kHuge = size_t(2) << 20, kHugeFrom = size_t(16) << 20;
+  if (size < kHugeFrom) {
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     return p;

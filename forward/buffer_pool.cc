@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -28,23 +27,12 @@ size_t mapped_size(size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
-// Fresh pages for a buffer of `size` bytes (a multiple of the page). From 16 MiB on, aligned to 2 MiB and
-// marked for transparent huge pages: a 7B layer's buffers (90-180 MB, above the idle cap, so mapped anew
-// for each operator) then fault in 512 times fewer pieces. The hint does nothing where THP is off.
+// Fresh pages for a buffer of `size` bytes (a multiple of the page). Transparent huge pages (madvise) were
+// tried for a 7B layer's 90-180 MB buffers: with the page cache full of the model, the kernel compacted
+// memory on their faults and the operators that first wrote them ran 1.5-2.5x slower.
 void* map_pages(size_t size) {
-  constexpr size_t kHuge = size_t(2) << 20, kHugeFrom = size_t(16) << 20;
-  if (size < kHugeFrom) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    return p;
-  }
-  void* raw = ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw std::bad_alloc();
-  const uintptr_t start = uintptr_t(raw), aligned = (start + kHuge - 1) & ~uintptr_t(kHuge - 1);
-  if (aligned > start) ::munmap(raw, aligned - start);  // the slop before and after: pool_free unmaps `size`
-  ::munmap(reinterpret_cast<void*>(aligned + size), start + kHuge - aligned);
-  void* p = reinterpret_cast<void*>(aligned);
-  ::madvise(p, size, MADV_HUGEPAGE);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
   return p;
 }
 

@@ -116,6 +116,36 @@ TEST(ForwardOps, Fp16ResultsOfFloat32OperatorsStayWideUntilRounded) {
 
 // exp_fast against libm's exp in double: within 2 ulp of float over the range it covers, the edges clamped,
 // NaN kept; Sigmoid and a same-shape Mul through the operators give the element-wise definitions.
+// The threaded conversions (to_floats, rounded_value, narrow) against the scalar definitions, on every fp16
+// and bf16 bit pattern (two ranges of the worker threads each) and on floats around each rounding edge.
+TEST(ForwardValues, ThreadedConversionsEqualTheScalarOnesOnEveryPattern) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    const Floats f = to_floats(view_value(t, {256, 256}, all.data()));
+    for (size_t i = 0; i < all.size(); ++i) {
+      const float want = t == DType::kFloat16 ? half_to_float(all[i]) : bf16_to_float(all[i]);
+      ASSERT_EQ(0, std::memcmp(&want, &f[i], 4)) << dtype_name(t) << " pattern " << i;
+    }
+  }
+  Floats x = random_floats(70000, 9);
+  const float edges[] = {0.0f, -0.0f, 65504.0f, 65520.0f, -65520.0f, 6.1e-5f, 5.9604645e-08f, 2.98e-08f,
+                         1e-30f, INFINITY, -INFINITY, NAN, 1.00048828125f, 3.4e38f};
+  for (size_t i = 0; i < sizeof edges / sizeof edges[0]; ++i) x[i] = edges[i];
+  for (size_t i = 20; i < 2000; ++i) x[i] = std::ldexp(x[i], int(i % 60) - 30);  // every exponent range
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    const Value r = rounded_value(t, {int64_t(x.size())}, x.data());
+    const Value wide = from_floats(t, {int64_t(x.size())}, Floats(x.begin(), x.end()), /*wide=*/true);
+    const Value n = narrow(wide);
+    ASSERT_FALSE(n.wide);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t want = t == DType::kFloat16 ? float_to_half(round_to(t, x[i])) : float_to_bf16(round_to(t, x[i]));
+      ASSERT_EQ(want, r.as<uint16_t>()[i]) << dtype_name(t) << " " << x[i];
+      ASSERT_EQ(want, n.as<uint16_t>()[i]) << dtype_name(t) << " " << x[i];
+    }
+  }
+}
+
 TEST(ForwardOps, FastExpIsWithinTwoUlpAndSigmoidFollowsIt) {
   double worst = 0.0;
   for (int i = 0; i <= 200000; ++i) {

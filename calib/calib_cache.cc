@@ -211,10 +211,8 @@ std::string CalibCache::commit() {
   sync_folder(tmp_);
   kill_point("calib_cache_complete");
   const std::string entry = entry_path();
-  if (::rename(tmp_.c_str(), entry.c_str()) != 0)
-    throw Error("cannot rename " + tmp_ + " to " + entry + ": " + errno_text(errno));
+  rename_durably(tmp_, entry);
   tmp_.clear();
-  sync_folder(dir_);
   kill_point("calib_cache_renamed");
   share_lock();
   remove_unused_entries();

@@ -407,7 +407,7 @@ const MappedFile& Calibration::gram_map(const Entry& e) {
   return gram;
 }
 
-const double* Calibration::gram_as_kept(const std::string& activation, int64_t K, int64_t* block) {
+const double* Calibration::gram_stored(const std::string& activation, int64_t K, int64_t* block) {
   const Entry& e = entry(activation, K);
   *block = e.gram_block;
   if (e.measured) return host_gram(*e.measured);

@@ -136,7 +136,7 @@ class Calibration {
   std::vector<float> gram_f32(const std::string& activation);
   // The Gram matrix as calibration kept it, float64, checked against K: the whole K x K (*block = 0)
   // or its block-diagonal [ceil(K/B), B, B] (*block = B, CalibrationExtras::gram_block).
-  const double* gram_as_kept(const std::string& activation, int64_t K, int64_t* block);
+  const double* gram_stored(const std::string& activation, int64_t K, int64_t* block);
   // Drops the pages of the activation's Gram matrix from memory (read again from the file if asked).
   void release_gram(const std::string& activation);
   // ModelOpt's token sample (CalibrationExtras::sample_tokens): *rows x K float32, nullptr when empty.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -53,15 +54,23 @@ void sync_file(const std::string& path) { sync_path(path, O_RDONLY, path); }
 
 void sync_folder(const std::string& dir) { sync_path(dir, O_RDONLY | O_DIRECTORY, "folder " + dir); }
 
+void rename_over(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    throw Error("cannot rename " + from + " to " + to + ": " + errno_text(errno));
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  rename_over(from, to);
+  sync_folder(std::filesystem::absolute(to).parent_path().string());
+}
+
 void write_durably(const std::string& path, const std::function<void(const std::string& tmp)>& fill) {
   namespace fs = std::filesystem;
   const std::string tmp = path + ".nibble-part";
   try {
     fill(tmp);
     sync_file(tmp);
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) throw Error(ec.message());
+    rename_over(tmp, path);
   } catch (const std::exception& e) {
     std::error_code ec;
     fs::remove(tmp, ec);

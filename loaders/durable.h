@@ -19,6 +19,11 @@ void sync_folder(const std::string& dir);
 // whole new one, never a part: `fill` writes the temporary PATH.nibble-part, which is fsynced and renamed
 // over `path`, then the folder is fsynced. On any failure the temporary is removed and Error names `path`.
 void write_durably(const std::string& path, const std::function<void(const std::string& tmp)>& fill);
+// rename(2) of `from` over `to`; throws Error naming both. Durable only once their folder is synced:
+// rename_durably does both.
+void rename_over(const std::string& from, const std::string& to);
+void rename_durably(const std::string& from, const std::string& to);
+
 // write_durably with `n` bytes from `data`.
 void write_file_durably(const std::string& path, const void* data, size_t n);
 inline void write_file_durably(const std::string& path, const std::string& text) {

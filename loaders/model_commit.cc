@@ -95,16 +95,15 @@ void ModelWriter::rename_into_place() {
   const bool had_data = !data_location_.empty() && fs::exists(data_path_, ec);
   kill_point("data_complete");
   if (!data_location_.empty()) {
-    if (::rename(tmp_data_.c_str(), data_path_.c_str()) != 0)
-      throw Error("cannot rename into " + data_path_ + ": " + errno_text(errno));
     // Durable before the graph that references it is.
-    sync_folder(out_dir_);
+    rename_durably(tmp_data_, data_path_);
     kill_point("data_renamed");
   }
-  if (::rename(tmp_graph_.c_str(), out_path_.c_str()) != 0) {
-    const int e = errno;
+  try {
+    rename_over(tmp_graph_, out_path_);
+  } catch (...) {
     if (!data_location_.empty() && !had_data) ::unlink(data_path_.c_str());
-    throw Error("cannot rename into " + out_path_ + ": " + errno_text(e));
+    throw;
   }
 }
 

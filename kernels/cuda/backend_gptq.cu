@@ -100,9 +100,9 @@ CudaBackend::GptqArrays CudaBackend::gptq_arrays(const GptqFactor& f) {
   return a;
 }
 
-void CudaBackend::gptq_hessian(const double* gram, int64_t K, bool resident, const GptqArrays& arr,
+void CudaBackend::gptq_hessian(const double* gram, int64_t K, bool on_device, const GptqArrays& arr,
                                const float* inv_s, double damp, double* h) {
-  if (resident) {  // the layer engine's XᵀX, on the device: scattered into H in place
+  if (on_device) {  // the layer engine's XᵀX, on the device: scattered into H in place
     launch(*dev_, K * K, GptqHessianBody{gram, 0, K, arr.ch.pos, arr.ch.dead, inv_s, damp, h});
     dev_->synchronize();
     return;
@@ -122,16 +122,16 @@ GptqFactor CudaBackend::gptq_factor(const Tensor& gram_t, const float* inv_s, do
   if (gram_t.dtype != DType::kFloat64 || gram_t.shape.size() != 2 || gram_t.shape[0] != gram_t.shape[1])
     throw std::invalid_argument("gptq_factor: a float64 K x K matrix");
   const int64_t K = gram_t.shape[0];
-  const auto* resident = reinterpret_cast<const double*>(kept(gram_t.buffer));
-  if (!resident && !gram_t.data) throw std::invalid_argument("gptq_factor: a Gram matrix held by another backend");
-  const double* gram = resident ? resident : gram_t.f64();
+  const auto* on_device = reinterpret_cast<const double*>(kept(gram_t.buffer));
+  if (!on_device && !gram_t.data) throw std::invalid_argument("gptq_factor: a Gram matrix held by another backend");
+  const double* gram = on_device ? on_device : gram_t.f64();
   const FactorLayout L(K, Placement::kMadeHere);
-  const uint64_t need = L.bytes + (resident ? 0 : uint64_t(stage_rows(K) * K) * 8) + uint64_t(K) * 4 + kSlack;
+  const uint64_t need = L.bytes + (on_device ? 0 : uint64_t(stage_rows(K) * K) * 8) + uint64_t(K) * 4 + kSlack;
   if (dev_->in_use_live() + need > dev_->budget()) {
-    // H (float64) does not fit the budget: the CPU factors it (a resident G comes back for it), and
+    // H (float64) does not fit the budget: the CPU factors it (a on_device G comes back for it), and
     // gptq_quantize uploads that U for each weight it sweeps.
-    std::vector<uint8_t> hbuf = resident ? download(gram_t) : std::vector<uint8_t>();
-    const Tensor gh = resident ? host_view(DType::kFloat64, {K, K}, hbuf.data()) : gram_t;
+    std::vector<uint8_t> hbuf = on_device ? download(gram_t) : std::vector<uint8_t>();
+    const Tensor gh = on_device ? host_view(DType::kFloat64, {K, K}, hbuf.data()) : gram_t;
     return on_host("gptq_factor", [&](Backend& h) {
       dev_->count_flops(0, double(K) * double(K) * double(K));
       return h.gptq_factor(gh, inv_s, percdamp, act_order);
@@ -140,13 +140,13 @@ GptqFactor CudaBackend::gptq_factor(const Tensor& gram_t, const float* inv_s, do
   const OpScope op(*dev_, "gptq_factor");
   dev_->count_flops(0, double(K) * double(K) * double(K));  // Cholesky, inverse, Cholesky: ~K³ in fp64
   GptqFactor f;
-  std::vector<double> g_diag;  // a resident G's diagonal: K values come back for the host's bookkeeping
-  if (resident) {
+  std::vector<double> g_diag;  // a on_device G's diagonal: K values come back for the host's bookkeeping
+  if (on_device) {
     g_diag.resize(size_t(K));
     dev_->synchronize();
-    dev_->to_host_2d(g_diag.data(), 8, resident, size_t(K + 1) * 8, 8, size_t(K));
+    dev_->to_host_2d(g_diag.data(), 8, on_device, size_t(K + 1) * 8, 8, size_t(K));
   }
-  const std::vector<double> diag = resident ? gptq_channels(g_diag.data(), K, inv_s, act_order, f, 1)
+  const std::vector<double> diag = on_device ? gptq_channels(g_diag.data(), K, inv_s, act_order, f, 1)
                                             : gptq_channels(gram, K, inv_s, act_order, f);
   const std::vector<int64_t> pos = gptq_positions(f);
   auto kept_f = std::make_shared<DeviceArray>();
@@ -167,7 +167,7 @@ GptqFactor CudaBackend::gptq_factor(const Tensor& gram_t, const float* inv_s, do
     f.damp = gptq_damp_of(diag, percdamp, attempt);
     // A retry (H not positive definite even so: rare) builds H again from the host's Gram matrix rather
     // than holding a second K² copy on the device for it.
-    gptq_hessian(gram, K, resident != nullptr, arr, inv_s ? is.get() : nullptr, f.damp, a);
+    gptq_hessian(gram, K, on_device != nullptr, arr, inv_s ? is.get() : nullptr, f.damp, a);
     // H is symmetric, so row- and column-major read the same; LAPACK's lower triangle throughout.
     if (la().dpotrf(Fill::kLower, n, a, n) != 0) continue;
     if (la().dpotri(Fill::kLower, n, a, n) != 0) continue;  // H⁻¹, lower triangle

@@ -132,9 +132,9 @@ class CudaBackend final : public Backend {
   // n float64 values that float32 holds exactly, into `dst` as float32 (false, nothing copied: one does not).
   bool upload_narrowed(float* dst, const double* src, size_t n);
   // U of a Gram matrix on the device (empty when not factorisable or beyond the budget): `gram` host memory,
-  // or this backend's (`resident`: read in place, nothing crosses the bus but its diagonal). When it fails
+  // or this backend's (`on_device`: read in place, nothing crosses the bus but its diagonal). When it fails
   // after uploading G as float32 (exact), `gram_left` (if given) receives that copy.
-  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K, bool resident,
+  DeviceBuffer<float> cholesky_on_device(const double* gram, int64_t K, bool on_device,
                                          DeviceBuffer<float>* gram_left = nullptr);
   // Activation statistics (backend_statistics.cu): s's tensors zeroed on the device when they fit (false:
   // they stay empty, for the host), and one product of m rows folded into the float64 sums (`g`: scratch
@@ -196,9 +196,9 @@ class CudaBackend final : public Backend {
   struct GptqArrays;
   struct GptqSweep;
   GptqArrays gptq_arrays(const GptqFactor& f);
-  // H in sweep order from the Gram matrix: host rows through a staging panel, or `resident` (this backend's,
+  // H in sweep order from the Gram matrix: host rows through a staging panel, or `on_device` (this backend's,
   // read in place).
-  void gptq_hessian(const double* gram, int64_t K, bool resident, const GptqArrays& arr, const float* inv_s,
+  void gptq_hessian(const double* gram, int64_t K, bool on_device, const GptqArrays& arr, const float* inv_s,
                     double damp, double* h);
   void upper_in_place(double* a, int64_t K);
   int64_t gptq_width(const WeightMatrix& w, const QuantSpec& spec, const GptqSweep& sw, uint64_t fixed) const;

@@ -91,10 +91,10 @@ LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const 
   std::vector<uint8_t> hbuf;
   // The Gram where the layer engine's statistics left it is read there; a host one goes up.
   const uint8_t* gk = kept(gram.buffer);
-  const auto* resident = gk ? reinterpret_cast<const double*>(gk + mine(gram.buffer)->offset) : nullptr;
-  if (gram.dtype != DType::kFloat64 || gram.elements() != K * K || (!resident && !gram.data))
+  const auto* on_device = gk ? reinterpret_cast<const double*>(gk + mine(gram.buffer)->offset) : nullptr;
+  if (gram.dtype != DType::kFloat64 || gram.elements() != K * K || (!on_device && !gram.data))
     throw std::invalid_argument("learned_rounding: gram must be the float64 K x K XᵀX");
-  if (dev_->in_use_live() + bytes - (resident ? uint64_t(K) * uint64_t(K) * 8 : 0) + kSlack > dev_->budget())
+  if (dev_->in_use_live() + bytes - (on_device ? uint64_t(K) * uint64_t(K) * 8 : 0) + kSlack > dev_->budget())
     return on_host("learned_rounding", [&](Backend& h) {
       std::vector<uint8_t> gbuf;
       Tensor gh = gram;
@@ -111,9 +111,9 @@ LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const 
   if (inv_s)
     for (int64_t k = 0; k < K; ++k) s[size_t(k)] = double(inv_s[k]);
   std::vector<double> diag(static_cast<size_t>(K));
-  if (resident) {  // only the diagonal comes back, for the dampening
+  if (on_device) {  // only the diagonal comes back, for the dampening
     dev_->synchronize();
-    dev_->to_host_2d(diag.data(), sizeof(double), resident, size_t(K + 1) * sizeof(double), sizeof(double), size_t(K));
+    dev_->to_host_2d(diag.data(), sizeof(double), on_device, size_t(K + 1) * sizeof(double), sizeof(double), size_t(K));
   } else {
     for (int64_t k = 0; k < K; ++k) diag[size_t(k)] = gram.f64()[k * K + k];
   }
@@ -121,7 +121,7 @@ LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const 
   DeviceBuffer<uint8_t> w_tmp;  // the weight where this backend keeps it (W ⊙ s left by scale_weight), else up
   const uint8_t* w_dev = weight_on_device(w, w_tmp);
   DeviceBuffer<double> gram_up;
-  if (!resident) gram_up = upload(gram.f64(), size_t(K * K));
+  if (!on_device) gram_up = upload(gram.f64(), size_t(K * K));
   const DeviceBuffer<double> s_d = upload(s.data(), s.size());
   const DeviceBuffer<float> scales_d = upload(q.scales.data(), q.scales.size());
   const DeviceBuffer<uint8_t> zp_d = upload(q.zero_points.data(), q.zero_points.size());
@@ -131,7 +131,7 @@ LearnedRoundingStats CudaBackend::learned_rounding(const WeightMatrix& w, const 
       sq_d(*dev_, size_t(N));
   DeviceBuffer<uint8_t> best_d(*dev_, size_t(N * K)), redo_d(*dev_, size_t(N));
   DeviceBuffer<int64_t> moved_d(*dev_, size_t(N));
-  p.w = w_dev, p.gram = resident ? resident : gram_up.get(), p.s = s_d.get(), p.scales = scales_d.get();
+  p.w = w_dev, p.gram = on_device ? on_device : gram_up.get(), p.s = s_d.get(), p.scales = scales_d.get();
   p.zero_points = q.zero_points.empty() ? nullptr : zp_d.get();
   const RowArrays a{rows_d.get(), best_d.get(), K};
   launch(*dev_, N, StartBody{p, a, codes_d.get()});

@@ -191,15 +191,15 @@ bool CudaBackend::upload_narrowed(float* dst, const double* src, size_t n) {
   return true;
 }
 
-DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t K, bool resident,
+DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t K, bool on_device,
                                                     DeviceBuffer<float>* gram_left) {
   double dmax = 0;  // the shift's scale: from K values on the host, or on the device where G is (8 bytes back)
-  if (resident) {
+  if (on_device) {
     DeviceBuffer<double> m(*dev_, 1);
     launch(*dev_, 1, MaxDiagonalBody{gram, K, m.get()});
     dmax = download(m)[0];
   }
-  for (int64_t k = 0; !resident && k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
+  for (int64_t k = 0; !on_device && k < K; ++k) dmax = std::max(dmax, gram[k * K + k]);
   if (!(dmax > 0) || !std::isfinite(dmax)) return {};
   dev_->count_flops(double(K * K), double(K) * double(K) * double(K) / 3.0);  // dpotrf: K³/3 in fp64
   // A factor that does not fit the budget is not computed: no U selects the GEMM form, which streams
@@ -208,9 +208,9 @@ DeviceBuffer<float> CudaBackend::cholesky_on_device(const double* gram, int64_t 
   DeviceBuffer<double> a(*dev_, size_t(K * K));
   // u holds G in float32 until the factor overwrites it: a retry widens it again, nothing crosses the bus.
   DeviceBuffer<float> u(*dev_, size_t(K * K));
-  const bool narrow = !resident && upload_narrowed(u.get(), gram, u.size());
+  const bool narrow = !on_device && upload_narrowed(u.get(), gram, u.size());
   for (double shift : kCholeskyShifts) {
-    if (resident)  // a copy on the device: dpotrf overwrites a
+    if (on_device)  // a copy on the device: dpotrf overwrites a
       dev_->on_device_2d(a.get(), size_t(K) * 8, gram, size_t(K) * 8, size_t(K) * 8, size_t(K));
     else if (narrow)  // again on a retry: dpotrf overwrote a
       launch(*dev_, K * K, WidenBody{u.get(), a.get()});
@@ -232,11 +232,11 @@ GramFactor CudaBackend::gram_cholesky_upper(const Tensor& gram) {
   if (gram.dtype != DType::kFloat64 || gram.shape.size() != 2 || gram.shape[0] != gram.shape[1])
     throw std::invalid_argument("gram_cholesky_upper: a float64 K x K matrix");
   const int64_t K = gram.shape[0];
-  const auto* resident = reinterpret_cast<const double*>(kept(gram.buffer));
-  if (!resident && !gram.data)
+  const auto* on_device = reinterpret_cast<const double*>(kept(gram.buffer));
+  if (!on_device && !gram.data)
     throw std::invalid_argument("gram_cholesky_upper: a Gram matrix held by another backend");
   DeviceBuffer<float> g32;
-  DeviceBuffer<float> u = cholesky_on_device(resident ? resident : gram.f64(), K, resident != nullptr, &g32);
+  DeviceBuffer<float> u = cholesky_on_device(on_device ? on_device : gram.f64(), K, on_device != nullptr, &g32);
   GramFactor f;
   // Kept for the GEMM form under upload's own rule (half the budget at most), else given back.
   if (!u.size() && g32.size() && dev_->in_use_live() + kSlack <= dev_->budget() / 2)

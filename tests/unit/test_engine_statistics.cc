@@ -137,7 +137,7 @@ TEST(EngineStatistics, CalibrationServesAPackedGramWhole) {
   EXPECT_EQ(st.rows, rows);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), st.gram));
   int64_t block = -1;
-  const double* g = calib->gram_as_kept("b", K, &block);
+  const double* g = calib->gram_stored("b", K, &block);
   EXPECT_EQ(block, 0);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), g));
   for (int64_t i = 0; i < K; ++i) EXPECT_EQ(g[i * K + (K - 1 - i)], g[(K - 1 - i) * K + i]);  // both triangles

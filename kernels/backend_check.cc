@@ -94,6 +94,19 @@ std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std
       r.rtn(w.m, spec, a);
       g.rtn(w.m, spec, x);
       if (auto e = same_quant(a, x, kPlainRtnErrorBound); !e.empty()) return e;
+      // QuantResult::pack: at 4 bits the same codes in ONNX INT4 bytes alone, else as unasked.
+      QuantResult ap, xp;
+      ap.pack = xp.pack = true;
+      r.rtn(w.m, spec, ap);
+      g.rtn(w.m, spec, xp);
+      if (auto e = same_quant(ap, xp, kPlainRtnErrorBound); !e.empty()) return "pack: " + e;
+      if (c.bits == 4) {
+        if (!ap.codes.empty() || !xp.codes.empty()) return std::string("pack: codes not left empty");
+        if (auto e = same(r.pack_onnx(a.codes, 4), ap.packed, "reference's packed"); !e.empty()) return "pack: " + e;
+        if (auto e = same(ap.packed, xp.packed, "packed"); !e.empty()) return "pack: " + e;
+      } else if (auto e = same(a.codes, xp.codes, "codes"); !e.empty()) {
+        return "pack at 8 bits: " + e;
+      }
     }
     return std::string();
   }));

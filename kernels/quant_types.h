@@ -78,9 +78,14 @@ struct QuantResult {
   // the nearest code to each z (what padding in a packed layout carries), not what the codes used.
   std::vector<float> float_zero_points;
   // The 4-bit codes already in ONNX INT4/UINT4 raw_data packing (two a byte, low nibble first), as a
-  // device backend brings them back (half the bytes of `codes`); empty when the backend did not (the
-  // CPU, 8 bits). Backend::pack_onnx_codes returns them as they are. `codes` holds the same codes.
+  // device backend brings them back (half the bytes of `codes`), or as `pack` asked; empty when the
+  // backend did not (the CPU unasked, 8 bits). Backend::pack_onnx_codes returns them as they are. `codes`
+  // holds the same codes, unless `pack` left it empty.
   std::vector<uint8_t> packed;
+  // The caller's request, set before Backend::rtn (every other operation ignores it): at 4 bits, the codes
+  // in `packed` only, `codes` left empty, for a writer of ONNX INT4 that reads nothing else. Why: a 7B
+  // model's codes are 6.7 GB one a byte; written packed by the kernel, they are 3.4 GB and no pass packs them.
+  bool pack = false;
   // The caller's request, set before the operation (the destination's placement): leave the codes, scales
   // and integer zero points on the backend, for the MatMulNBits packings that follow, which then read them
   // there (only what they write comes back). The CPU ignores it: its result is host memory.

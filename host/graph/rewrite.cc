@@ -113,6 +113,18 @@ bool GraphRewriter::packs_on_backend(const PlannedWeight& pw, const kernels::Qua
          !(pw.block < 0 && matmulnbits_layout_block(pw, spec) < pw.K());
 }
 
+bool GraphRewriter::reads_packed_codes(const PlannedWeight& pw, const kernels::QuantSpec& spec) const {
+  const Format f = format_for(pw);
+  return spec.bits == 4 && f != Format::kMatMulNBits && !format_record(f).keeps_float_weight && pw.op_type != "Gather";
+}
+
+void GraphRewriter::add_codes(const std::string& name, const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                              const kernels::QuantResult& q) {
+  // The backend's packed bytes as they are (a copy of a 7B weight's would cost as much as the write).
+  if (spec.bits == 4 && !q.packed.empty()) add_initializer(name, code_type(spec), {pw.rows, pw.cols}, q.packed);
+  else add_initializer(name, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx_codes(q, spec.bits));
+}
+
 Format GraphRewriter::emit(const PlannedWeight& pw, const kernels::QuantSpec& spec,
                            const kernels::QuantResult& q, uint64_t* bytes_out,
                            const std::vector<uint8_t>* qdq_float) {
@@ -178,7 +190,7 @@ void GraphRewriter::emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& s
     inserted.push_back(std::move(qn));
   } else {
     codes = unique_name(pw.weight + "_i4");
-    add_initializer(codes, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx_codes(q, spec.bits));
+    add_codes(codes, pw, spec, q);
   }
   onnx::NodeProto dq;
   dq.set_name(unique_name(pw.weight + "_DequantizeLinear"));
@@ -206,7 +218,7 @@ void GraphRewriter::emit_gather_block_quantized(const PlannedWeight& pw, const k
   const std::vector<int64_t> scale_dims = pw.k_axis == 0 ? std::vector<int64_t>{G, pw.cols}
                                                          : std::vector<int64_t>{pw.rows, G};
   const std::string data = unique_name(pw.weight + "_Q" + std::to_string(spec.bits));
-  add_initializer(data, code_type(spec), {pw.rows, pw.cols}, backend_.pack_onnx_codes(q, spec.bits));
+  add_codes(data, pw, spec, q);
   const std::string scales = unique_name(pw.weight + "_scales");
   add_initializer(scales, int(pw.dtype), scale_dims, encode_floats(pw.dtype, q.scales));
   std::string zps;

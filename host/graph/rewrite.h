@@ -40,6 +40,9 @@ class GraphRewriter {
   // Whether emit reads pw's result only through the backend's MatMulNBits packings (no host copy of its
   // codes, scales or integer zero points): then a device may keep them (QuantResult::keep).
   bool packs_on_backend(const PlannedWeight& pw, const kernels::QuantSpec& spec) const;
+  // Whether emit reads pw's codes only as ONNX INT4 bytes (DequantizeLinear of stored 4-bit codes): then its
+  // quantizer may write them packed (QuantResult::pack).
+  bool reads_packed_codes(const PlannedWeight& pw, const kernels::QuantSpec& spec) const;
 
   // An embedding table tied to a weight already emitted as MatMulNBits: its Gathers become
   // GatherBlockQuantized reading that weight's B (through a Reshape to [V, H * bits / 8]), scales
@@ -72,6 +75,9 @@ class GraphRewriter {
   std::string unique_name(const std::string& base);
   onnx::TensorProto* add_initializer(const std::string& name, int dtype, const std::vector<int64_t>& dims,
                                      const std::vector<uint8_t>& bytes);
+  // pw's codes [rows, cols] as ONNX INT4/INT8: q.packed where the backend packed them, else packed here.
+  void add_codes(const std::string& name, const PlannedWeight& pw, const kernels::QuantSpec& spec,
+                 const kernels::QuantResult& q);
   bool gemm_fits_matmulnbits(const onnx::NodeProto& n, int64_t N) const;
   // quantize_input: the float initializer QuantizeLinear reads (qdq); empty: the codes are stored (dq).
   void emit_dq(const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,

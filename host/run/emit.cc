@@ -38,6 +38,7 @@ struct Prepared {
   kernels::QuantSpec spec;
   std::vector<uint8_t> buffer;
   bool keep_result = false;  // the result may stay on the backend (QuantResult::keep)
+  bool pack_codes = false;   // only the codes' ONNX INT4 bytes are read (QuantResult::pack)
 };
 
 // `w` may carry the backend's kept copy of the weight (KeptWeights): then nothing uploads it again.
@@ -117,14 +118,15 @@ bool round_own(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared
   return false;
 }
 
-// `codes`: a previous weight's code vector, whose pages the quantizer writes again instead of faulting in
+// `codes`: a previous weight's code (or packed code) vector, whose pages the quantizer writes again instead of faulting in
 // fresh ones (a 7B model's codes are 6.7 GB: the kernel zeroing new pages cost more CPU time than packing).
 kernels::QuantResult quantize(const QuantizeOptions& o, const PlannedWeight& pw, const Prepared& p,
                               const std::vector<float>* s, Searched& searched, bool float_zero_point,
                               kernels::Backend& backend, std::vector<uint8_t> codes = {}) {
   kernels::QuantResult q;
-  q.codes = std::move(codes);
+  q.codes = std::move(codes);  // Backend::rtn takes its pages for `packed` where it packs
   q.keep = p.keep_result;
+  q.pack = p.pack_codes;
   if (searched.replay) return placeholder(pw, p.spec, float_zero_point);
   if (searched.quantizer) {
     searched.quantizer->quantize(pw, p.w, p.spec, s, q);
@@ -276,6 +278,7 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
   // back); not when the host needs them (the quantized layers fed forward, a replay's placeholder).
   j.p.keep_result =
       !c.searched.on_quantized && !c.searched.replay && c.rewriter.packs_on_backend(pw, j.p.spec);
+  j.p.pack_codes = !c.searched.on_quantized && !c.searched.replay && c.rewriter.reads_packed_codes(pw, j.p.spec);
   j.float_zero_point = writes_float_zero_point(c.o, pw, c.rewriter);
   return j;
 }
@@ -425,7 +428,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
       });
     }
     write(c, pw, j, e, progress);
-    spare_codes.push_back(std::move(j.q.codes));
+    spare_codes.push_back(std::move(j.q.packed.empty() ? j.q.codes : j.q.packed));
   }
   for (const auto& pw : plan.gathers)
     emit_table(o, model, pw, c.scales, c.column_divisors, rewriter, backend, e, progress);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/half_float.h"
+#include "kernels/cpu/pack.h"
 #include "kernels/cpu/rtn_ref.h"
 #include "kernels/parallel.h"
 
@@ -93,11 +94,19 @@ RtnIsa active_isa() {
   return best;
 }
 
-void prepare(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
+// `packed`: the kernel writes the codes in ONNX INT4 packing (out.packed) instead of a byte each (out.codes).
+void prepare(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out, bool packed = false) {
   out.groups = num_blocks(w.K(), spec.block);
   // Every code is written by the kernels, so a reused vector keeps its bytes until then (no memset of a
   // 7B weight's 45 MB of codes; only a grown tail is zeroed).
-  out.codes.resize(size_t(w.rows * w.cols));
+  if (packed) {
+    if (out.packed.capacity() < out.codes.capacity()) out.packed.swap(out.codes);  // the caller's reused pages
+    out.packed.resize(size_t(w.rows * w.cols) / 2);
+    out.codes.clear();
+  } else {
+    out.codes.resize(size_t(w.rows * w.cols));
+    out.packed.clear();
+  }
   out.scales.assign(size_t(out.groups * w.N()), 0.0f);
   out.zero_points.assign(spec.zero_point ? out.scales.size() : 0, 0);
 }
@@ -149,13 +158,21 @@ void rtn_quantize_weighted_fast(const WeightMatrix& w, const QuantSpec& spec, co
 void rtn_quantize_fast(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
   if (spec.bits != 4 && spec.bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   if (spec.block <= 0) throw std::invalid_argument("block must be positive");
-  prepare(w, spec, out);
+  // QuantResult::pack: the [K, N] kernel packs each row's codes where the row is whole bytes (N even);
+  // the other layouts pack after.
+  const bool pack = out.pack && spec.bits == 4;
+  const bool in_kernel = pack && w.k_axis == 0 && w.cols % 2 == 0;
+  prepare(w, spec, out, in_kernel);
   switch (active_isa()) {
 #ifdef NIBBLE_RTN_X86_CLONES
     case RtnIsa::kAvx512: avx512::rtn_entry(w, spec, out); break;
     case RtnIsa::kAvx2: avx2::rtn_entry(w, spec, out); break;
 #endif
     default: generic::rtn_entry(w, spec, out); break;
+  }
+  if (pack && !in_kernel) {
+    out.packed = pack_onnx(out.codes, 4);
+    out.codes.clear();
   }
 }
 

@@ -153,6 +153,11 @@ void rtn_quantize_ref(const WeightMatrix& w, const QuantSpec& spec, QuantResult&
   });
   out.sq_error = 0;
   for (double e : tile_error) out.sq_error += e;
+  if (out.pack && spec.bits == 4) {  // ONNX INT4: element 2i in the low nibble, 2i + 1 in the high one
+    out.packed.assign((out.codes.size() + 1) / 2, 0);
+    for (size_t i = 0; i < out.codes.size(); ++i) out.packed[i / 2] |= uint8_t((out.codes[i] & 0x0f) << (4 * (i & 1)));
+    out.codes.clear();
+  }
 }
 
 }  // namespace nibble::kernels

@@ -169,10 +169,12 @@ class CudaBackend final : public Backend {
   void download_quant(const WeightMatrix& w, const Panel& p, const QuantSpec& spec, DeviceQuant& q, bool packed,
                       HostQuant& h);
   // The RTN family: per column panel, `run(panel, panel buffers)` launches its bodies; the panel is
-  // as wide as fits beside `fixed` bytes with `scratch_per_column` more bytes for each column.
+  // as wide as fits beside `fixed` bytes with `scratch_per_column` more bytes for each column. With
+  // `pack_only` (rtn's QuantResult::pack) 4-bit codes come back in out.packed alone.
   template <class Run>
   void quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
-                       const Run& run, uint64_t scratch_per_column = 0, int64_t column_quantum = 2);
+                       const Run& run, uint64_t scratch_per_column = 0, int64_t column_quantum = 2,
+                       bool pack_only = false);
   // The Gram clip search's E_g = G_g·D_g of one panel `wd` columns wide, in the CPU backend's tiles.
   void gram_clip_products(int64_t wd, int64_t K, int64_t B, const float* gb, const float* d, float* e);
   template <class T>

@@ -196,13 +196,13 @@ void unpack_codes(const std::vector<uint8_t>& packed, bool zero_point, std::vect
 
 template <class Run>
 void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, uint64_t fixed, QuantResult& out,
-                                  const Run& run, uint64_t scratch_per_column, int64_t column_quantum) {
+                                  const Run& run, uint64_t scratch_per_column, int64_t column_quantum,
+                                  bool pack_only) {
   check(spec);
   const int64_t K = w.K(), N = w.N(), G = num_blocks(K, spec.block);
   out.groups = G;
   // Kept on the device for the packings (allocated first: the panels fit beside it), else brought back.
   std::shared_ptr<DeviceResult> kept = result_buffers(w, spec, out.keep);
-  out.codes.assign(kept ? 0 : size_t(w.rows * w.cols), 0);
   out.scales.assign(kept ? 0 : size_t(G * N), 0.0f);
   out.zero_points.assign(spec.zero_point && !kept ? size_t(G * N) : 0, 0);
   // Scales of a 16-bit type come back in it (exact: they are rounded to it already).
@@ -218,13 +218,19 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
   const bool packed =
       !kept && spec.bits == 4 && (w.k_axis == 0 ? N % 2 == 0 : true) && (width % 2 == 0 || width == N);
   out.packed.assign(packed ? size_t((w.rows * w.cols + 1) / 2) : 0, 0);
+  pack_only = pack_only && spec.bits == 4 && !kept;
+  out.codes.assign(kept || (packed && pack_only) ? 0 : size_t(w.rows * w.cols), 0);
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     Panel p = upload_panel(w, n0, std::min(width, N - n0));
     DeviceQuant q = quant_buffers(p.view, spec);
     run(p, q);
     download_quant(w, p, spec, q, packed, h);
   }
-  if (packed) unpack_codes(out.packed, spec.zero_point, out.codes);
+  if (packed && !pack_only) unpack_codes(out.packed, spec.zero_point, out.codes);
+  if (pack_only && !packed) {  // panels that were not whole bytes of the packing: packed here
+    out.packed = pack_onnx(out.codes, 4);
+    out.codes.clear();
+  }
   for (size_t i = 0; i < h.scales16.size(); ++i)
     out.scales[i] = st == hd::kF16 ? hd::half_to_float(h.scales16[i]) : hd::bf16_to_float(h.scales16[i]);
   // Summed in one fixed order (columns in order, each over its blocks in order), whatever the panels were.
@@ -237,9 +243,9 @@ void CudaBackend::quantize_panels(const WeightMatrix& w, const QuantSpec& spec, 
 void CudaBackend::rtn(const WeightMatrix& w, const QuantSpec& spec, QuantResult& out) {
   const OpScope op(*dev_, "rtn");
   dev_->count_flops(8.0 * double(w.rows * w.cols));  // range, quotient, rounding, error
-  quantize_panels(w, spec, 0, out, [&](Panel& p, DeviceQuant& q) {
-    launch_rtn(*dev_, p.view, rtn_shape_of(spec, w.dtype), q.out());
-  });
+  quantize_panels(
+      w, spec, 0, out, [&](Panel& p, DeviceQuant& q) { launch_rtn(*dev_, p.view, rtn_shape_of(spec, w.dtype), q.out()); },
+      0, 2, out.pack);
 }
 
 void CudaBackend::rtn_lsq(const WeightMatrix& w, const QuantSpec& spec, const RtnSearchOptions& opt,

@@ -11,6 +11,7 @@
 #include "kernels/cpu/awq_ref.h"
 #include "kernels/cpu/clip_fast.h"
 #include "kernels/cpu/clip_ref.h"
+#include "kernels/cpu/pack.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_ref.h"
 
@@ -173,4 +174,36 @@ TEST(FastVsRef, CholeskyFactorWithinBound) {
   // Nothing to factor: both give up the same way.
   std::vector<double> z(size_t(K * K), 0.0);
   EXPECT_TRUE(gram_cholesky_upper_ref(z.data(), K).empty());
+}
+
+// QuantResult::pack: the codes straight into their ONNX INT4 bytes, on every instruction set this CPU has,
+// in the kernel ([K, N] with N even: several column tiles and a partial one) and after it (N odd, [N, K]);
+// the scales and the error do not change, and no byte-a-code array is left.
+TEST(FastVsRef, PlainRtnWritesPackedCodes) {
+  for (RtnIsa isa : rtn_fast_isas()) {
+    rtn_fast_force_isa(isa);
+    for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16})
+      for (int k_axis : {0, 1})
+        for (int64_t N : {int64_t(2 * 1024 + 6), int64_t(37)})
+          for (bool zp : {false, true})
+            for (RtnArithmetic how : {RtnArithmetic::kModelOpt, RtnArithmetic::kOnnxRuntime}) {
+              TestWeight tw = make_weight(t, 200, N, k_axis, 11);
+              QuantSpec spec{4, 64, zp};
+              spec.rtn_arithmetic = how;
+              QuantResult ref, plain, packed;
+              packed.pack = true;
+              rtn_quantize_ref(tw.w, spec, ref);
+              rtn_quantize_fast(tw.w, spec, plain);
+              rtn_quantize_fast(tw.w, spec, packed);
+              SCOPED_TRACE(std::string(rtn_isa_name(isa)) + " " + name(t) + " k_axis " + std::to_string(k_axis) +
+                           " N " + std::to_string(N) + (zp ? " zp" : " sym"));
+              ASSERT_EQ(ref.codes, plain.codes);
+              EXPECT_TRUE(packed.codes.empty());
+              EXPECT_EQ(packed.packed, pack_onnx(ref.codes, 4));
+              EXPECT_EQ(packed.scales, plain.scales);
+              EXPECT_EQ(packed.zero_points, plain.zero_points);
+              EXPECT_EQ(packed.sq_error, plain.sq_error);
+            }
+  }
+  rtn_fast_force_isa(RtnIsa::kAuto);
 }

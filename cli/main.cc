@@ -58,19 +58,12 @@ void add_algorithm_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& 
   q.add_option("--awqclip_alpha_min", o.awqclip_alpha_min, "AWQ-clip: smallest clip ratio")->capture_default_str();
   q.add_option("--awqclip_bsz_col", o.awqclip_bsz_col, "AWQ-clip: output columns per search chunk (modelopt mode: ModelOpt's chunk, which decides numpy's summation order for a one-column chunk)")
       ->capture_default_str();
-  q.add_option("--gptq_percdamp", o.gptq_percdamp,
-               "GPTQ: dampening added to the diagonal of XᵀX, as a share of its mean (AutoGPTQ's and ONNX Runtime's "
-               "default)")
-      ->capture_default_str();
-  q.add_flag("--gptq_act_order", o.gptq_act_order,
-             "GPTQ: quantize input channels by decreasing activation energy (blocks stay contiguous: each block's "
-             "scale is fixed when the sweep first reaches one of its channels)");
-  q.add_option("--learned_iters", o.learned_iters,
-               "awq_learned: sign steps on each weight's rounding offset (AutoRound's update)")
-      ->capture_default_str();
-  q.add_option("--learned_lr", o.learned_lr,
-               "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0")
-      ->capture_default_str();
+  for (const nibble::MethodFlag& f : nibble::method_flags()) {  // the methods' own (host/methods.cc)
+    const std::string name = std::string("--") + f.name;
+    if (f.switch_value) q.add_flag(name, o.*f.switch_value, f.help);
+    else if (f.int_value) q.add_option(name, o.*f.int_value, f.help)->capture_default_str();
+    else q.add_option(name, o.*f.double_value, f.help)->capture_default_str();
+  }
 }
 
 void add_calibration_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedChoices& c) {

@@ -95,6 +95,34 @@ const char* name_of(ZeroPointPolicy z) {
   return "";
 }
 
+const std::vector<MethodFlag>& method_flags() {
+  static const auto gptq = [](const Method& m) { return m.measures.gptq; };
+  static const auto learned = [](const Method& m) { return m.learned_rounding; };
+  static const std::vector<MethodFlag> flags = {
+      {"gptq_percdamp",
+       "GPTQ: dampening added to the diagonal of XᵀX, as a share of its mean (AutoGPTQ's and ONNX Runtime's "
+       "default)",
+       nullptr, &QuantizeOptions::gptq_percdamp, nullptr, 0, 1, gptq, "runs no GPTQ"},
+      {"gptq_act_order",
+       "GPTQ: quantize input channels by decreasing activation energy (blocks stay contiguous: each block's "
+       "scale is fixed when the sweep first reaches one of its channels)",
+       nullptr, nullptr, &QuantizeOptions::gptq_act_order, 0, 0, gptq, "runs no GPTQ"},
+      {"learned_iters", "awq_learned: sign steps on each weight's rounding offset (AutoRound's update)",
+       &QuantizeOptions::learned_iters, nullptr, nullptr, 0, 100000, learned, "learns no rounding"},
+      {"learned_lr", "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0",
+       nullptr, &QuantizeOptions::learned_lr, nullptr, 0, 1, learned, "learns no rounding"},
+  };
+  return flags;
+}
+
+nlohmann::json flag_value(const MethodFlag& f, const QuantizeOptions& o) {
+  if (f.int_value) return o.*f.int_value;
+  if (f.double_value) return o.*f.double_value;
+  return o.*f.switch_value;
+}
+
+bool flag_given(const MethodFlag& f, const QuantizeOptions& o) { return flag_value(f, o) != flag_value(f, {}); }
+
 std::string method_names(bool (*has)(const Method&)) {
   std::vector<const char*> names;
   for (const Method& m : methods())

@@ -3,6 +3,7 @@
 // default, how it rounds a weight and what it does with zero points are answered in one table (methods.cc),
 // read by the CLI, the stages, `nibble methods` and, through `nibble methods --json`, the Python API.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,24 @@ struct Method {
   // Whether it writes zero points, given --use_zero_point (which validate_options refuses for kRefused).
   bool zero_point(bool flag) const { return flag || rounding.zero_point == ZeroPointPolicy::kAlways; }
 };
+
+// A flag some methods read and the others ignore (GPTQ's, learned rounding's): declared once in methods.cc,
+// from which come its command-line option, its range check, the note that it has no effect under another
+// --algo, and its line in the report's settings. One of the three member pointers says where it lives.
+struct MethodFlag {
+  const char* name;  // without the dashes
+  const char* help;
+  int QuantizeOptions::*int_value;
+  double QuantizeOptions::*double_value;
+  bool QuantizeOptions::*switch_value;  // a flag without a value
+  double min, max;                      // the accepted range of a value
+  bool (*read_by)(const Method&);       // the methods that read it
+  const char* others_lack;              // what the other methods lack: "runs no GPTQ"
+};
+const std::vector<MethodFlag>& method_flags();
+// Its value in o, as JSON (the report), and whether o changed it from the default.
+nlohmann::json flag_value(const MethodFlag& f, const QuantizeOptions& o);
+bool flag_given(const MethodFlag& f, const QuantizeOptions& o);
 
 // Every method, in the order --help lists them.
 const std::vector<Method>& methods();

@@ -44,18 +44,14 @@ void warn_inert_flags(const QuantizeOptions& o) {
     spdlog::warn("--gather_block_size {}: no effect without --gather_quantize_axis (as in ModelOpt, the axis "
                  "turns Gather quantization on): embeddings stay float", o.gather_block_size);
   warn_inert_arithmetic_flags(o);
-  if (!o.uses_gptq() && o.gptq_percdamp != 0.01)
-    spdlog::warn("--gptq_percdamp {}: no effect: --algo {} runs no GPTQ ({} do)", o.gptq_percdamp, name_of(o.algo),
-                 method_names([](const Method& m) { return m.measures.gptq; }));
+  for (const MethodFlag& f : method_flags())
+    if (!f.read_by(method(o.algo)) && flag_given(f, o)) {
+      const std::string readers = method_names(f.read_by);
+      spdlog::warn("--{}{}: no effect: --algo {} {} ({} {})", f.name,
+                   f.switch_value ? std::string() : " " + flag_value(f, o).dump(), name_of(o.algo),
+                   f.others_lack, readers, readers.find(" and ") == std::string::npos ? "does" : "do");
+    }
   note_zero_points(o);
-  const QuantizeOptions defaults;
-  if (!method(o.algo).learned_rounding &&
-      (o.learned_iters != defaults.learned_iters || o.learned_lr != defaults.learned_lr))
-    spdlog::warn("--learned_iters/--learned_lr: no effect: --algo {} learns no rounding ({} does)", name_of(o.algo),
-                 method_names([](const Method& m) { return m.learned_rounding; }));
-  if (!o.uses_gptq() && o.gptq_act_order)
-    spdlog::warn("--gptq_act_order: no effect: --algo {} runs no GPTQ ({} do)", name_of(o.algo),
-                 method_names([](const Method& m) { return m.measures.gptq; }));
   if (!needs_calibration(o) && o.calib.engine == CalibrationEngine::kNative)
     spdlog::warn("--calibration_engine native: no effect: --algo {} runs no calibration", name_of(o.algo));
   if (needs_calibration(o) && o.calib.engine == CalibrationEngine::kNative && o.calib.calibration_eps_given)
@@ -104,9 +100,11 @@ void validate_options(const QuantizeOptions& o) {
   if (b != -1 && (b < 16 || (b & (b - 1)) != 0))
     throw Error("--block_size " + std::to_string(b) + " must be a power of two >= 16, or -1 for per-channel");
   validate_mixed_options(o);
-  if (!(o.gptq_percdamp >= 0 && o.gptq_percdamp <= 1)) throw Error("--gptq_percdamp must be in [0, 1]");
-  if (o.learned_iters < 0 || o.learned_iters > 100000) throw Error("--learned_iters must be in [0, 100000]");
-  if (!(o.learned_lr >= 0 && o.learned_lr <= 1)) throw Error("--learned_lr must be in [0, 1] (levels)");
+  for (const MethodFlag& f : method_flags()) {
+    const double v = f.int_value ? double(o.*f.int_value) : f.double_value ? o.*f.double_value : 0;
+    if (!f.switch_value && !(v >= f.min && v <= f.max))
+      throw Error(fmt::format("--{} must be in [{}, {}]", f.name, f.min, f.max));
+  }
   check_arithmetic(o);
   const int64_t gb = o.gather_block_size;
   if (o.gather_quantize_axis && (gb < 16 || (gb & (gb - 1)) != 0))

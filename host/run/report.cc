@@ -3,14 +3,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include "host/methods.h"
 #include "loaders/durable.h"
 #include "loaders/error.h"
 
 namespace nibble {
+namespace {
 
-nlohmann::json options_to_json(const QuantizeOptions& o) {
-  // Every field of QuantizeOptions, under its flag's name (tests/e2e/test_config.py checks that each
-  // flag of `nibble quantize --help` is here). Empty strings are "not given" (format: chosen by algo).
+// The flags every run has (the methods' own are method_flags()).
+nlohmann::json fixed_options_to_json(const QuantizeOptions& o) {
   return {// ModelOpt's flags
           {"onnx_path", o.onnx_path},
           {"output_path", o.output_path},
@@ -23,10 +24,6 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"awqclip_alpha_step", o.awqclip_alpha_step},
           {"awqclip_alpha_min", o.awqclip_alpha_min},
           {"awqclip_bsz_col", o.awqclip_bsz_col},
-          {"gptq_percdamp", o.gptq_percdamp},
-          {"gptq_act_order", o.gptq_act_order},
-          {"learned_iters", o.learned_iters},
-          {"learned_lr", o.learned_lr},
           {"calibration_eps", o.calib.calibration_eps},
           {"calibration_engine", name_of(o.calib.engine)},
           {"calib_size", o.calib.calib_size},
@@ -64,6 +61,16 @@ nlohmann::json options_to_json(const QuantizeOptions& o) {
           {"config", o.config},
           {"quiet", o.quiet},
           {"verbose", o.verbose}};
+}
+
+}  // namespace
+
+nlohmann::json options_to_json(const QuantizeOptions& o) {
+  // Every field of QuantizeOptions, under its flag's name (tests/e2e/test_config.py checks that each
+  // flag of `nibble quantize --help` is here). Empty strings are "not given" (format: chosen by algo).
+  nlohmann::json j = fixed_options_to_json(o);
+  for (const MethodFlag& f : method_flags()) j[f.name] = flag_value(f, o);  // the methods' own
+  return j;
 }
 
 nlohmann::json ledger_to_json(const kernels::TransferLedger& l) {

@@ -2,6 +2,7 @@
 // through the backend to the writer, one at a time.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -400,12 +401,17 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
   std::optional<Job> next;
   std::future<kernels::QuantResult> next_q;
   std::vector<std::vector<uint8_t>> spare_codes;  // written weights' code vectors, at most two
-  const auto spare = [&spare_codes] {
+  // Each as large as the largest weight's codes: a vector grown past its capacity would move to fresh pages
+  // (zeroed by the kernel) and copy what it held.
+  int64_t most_codes = 0;
+  for (const auto& pw : plan.weights) most_codes = std::max(most_codes, pw.rows * pw.cols);
+  const auto spare = [&spare_codes, most_codes] {
     std::vector<uint8_t> v;
     if (!spare_codes.empty()) {
       v = std::move(spare_codes.back());
       spare_codes.pop_back();
     }
+    v.reserve(size_t(most_codes));
     return v;
   };
   for (size_t i = 0; i < plan.weights.size(); ++i) {

@@ -53,7 +53,7 @@ std::map<std::string, Value> read_feeds(const std::string& dir) {
   return feeds;
 }
 
-void write_values(const std::string& dir, const std::map<std::string, Value>& values, const std::string& extra_json) {
+void write_values(const std::string& dir, const std::map<std::string, Value>& values, const nlohmann::json& extra) {
   if (mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) throw Error("cannot create " + dir + ": " + errno_text(errno));
   nlohmann::json list = nlohmann::json::array();
   int i = 0;
@@ -68,7 +68,7 @@ void write_values(const std::string& dir, const std::map<std::string, Value>& va
     }
     list.push_back({{"name", name}, {"dtype", v.is_float() ? "float32" : "int64"}, {"shape", v.shape}, {"file", file}});
   }
-  nlohmann::json top = {{"values", list}, {"extra", nlohmann::json::parse(extra_json)}};
+  nlohmann::json top = {{"values", list}, {"extra", extra}};
   write_file_durably(dir + "/index.json", top.dump(1));
 }
 

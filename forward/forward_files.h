@@ -3,6 +3,7 @@
 // ONNX Runtime's.
 #pragma once
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "forward/value.h"
@@ -15,6 +16,6 @@ std::map<std::string, Value> read_feeds(const std::string& dir);
 
 // Writes each value as DIR/v<i>.bin (floats as float32, integers as int64) and DIR/index.json in the same
 // layout as read_feeds, plus "extra" (timings) at the top level.
-void write_values(const std::string& dir, const std::map<std::string, Value>& values, const std::string& extra_json);
+void write_values(const std::string& dir, const std::map<std::string, Value>& values, const nlohmann::json& extra);
 
 }  // namespace nibble::forward

@@ -32,12 +32,12 @@ int run_forward(const ForwardArgs& a) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& w : wanted)
     if (!captured.count(w)) throw Error("the graph of " + a.onnx_path + " computes no value named '" + w + "'");
-  std::string ops = "{";
-  for (const auto& [op, s] : graph.seconds_per_op()) ops += (ops.size() > 1 ? ", \"" : "\"") + op + "\": " + std::to_string(s);
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [op, s] : graph.seconds_per_op()) ops[op] = s;
   const forward::ProductMeter& p = graph.products();
-  forward::write_values(a.out, captured, "{\"seconds\": " + std::to_string(seconds) + ", \"gflop\": " +
-                                             std::to_string(p.flop * 1e-9) + ", \"product_seconds\": " +
-                                             std::to_string(p.seconds) + ", \"seconds_per_op\": " + ops + "}}");
+  forward::write_values(a.out, captured,
+                        {{"seconds", seconds}, {"gflop", p.flop * 1e-9}, {"product_seconds", p.seconds},
+                         {"seconds_per_op", ops}});
   std::fprintf(stderr, "nibble: forward: %zu values of %s in %.2f s on %s -> %s\n", captured.size(),
                a.onnx_path.c_str(), seconds, backend->transfer_ledger() ? backend->name().c_str() : "cpu", a.out.c_str());
   return 0;

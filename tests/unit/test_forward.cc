@@ -101,6 +101,50 @@ TEST(ForwardOps, AddBroadcastsLikeNumpy) {
   for (size_t i = 0; i < 24; ++i) EXPECT_EQ(y[i], x[i] + 10.0f * float((i / 4) % 3 + 1)) << i;
 }
 
+// ReduceMean over trailing axes (rows summed in float64 over the worker threads) and over a middle axis
+// (the general walk), fp32 and fp16 storage, against float64 sums in element order; Softmax's rows over
+// the threads against the row-by-row definition, at 1 and 3 threads.
+TEST(ForwardOps, ReduceMeanAndSoftmaxRowsFollowTheirDefinitions) {
+  const std::vector<int64_t> shape{3, 700, 67};  // 2100 rows of 67: several thread chunks
+  const int64_t rows = 3 * 700, cols = 67;
+  for (DType t : {DType::kFloat32, DType::kFloat16}) {
+    const Value x = from_floats(t, shape, random_floats(size_t(rows * cols), 9));
+    const auto xf = to_floats(x);
+    const Value last = from_ints(DType::kInt64, {1}, {-1}), middle = from_ints(DType::kInt64, {1}, {1});
+    const auto by_row = call("", "ReduceMean", {&x, &last}).at(0);
+    ASSERT_EQ(by_row.shape, (std::vector<int64_t>{3, 700, 1}));
+    const auto r = to_floats(by_row);
+    for (int64_t i = 0; i < rows; ++i) {
+      double a = 0.0;
+      for (int64_t j = 0; j < cols; ++j) a += xf[size_t(i * cols + j)];
+      EXPECT_EQ(r[size_t(i)], float(a / double(cols))) << i;  // fp16: wide, as ORT keeps it
+    }
+    const auto m = to_floats(call("", "ReduceMean", {&x, &middle}).at(0));
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t j = 0; j < cols; ++j) {
+        double a = 0.0;
+        for (int64_t k = 0; k < 700; ++k) a += xf[size_t((b * 700 + k) * cols + j)];
+        EXPECT_EQ(m[size_t(b * cols + j)], float(a / 700.0)) << b << "," << j;
+      }
+  }
+  const Value x = from_floats(DType::kFloat32, shape, random_floats(size_t(rows * cols), 10));
+  kernels::set_num_threads(1);
+  const auto one = to_floats(call("", "Softmax", {&x}).at(0));
+  kernels::set_num_threads(3);
+  const auto three = to_floats(call("", "Softmax", {&x}).at(0));
+  kernels::set_num_threads(0);
+  EXPECT_EQ(one, three);
+  const auto xf = to_floats(x);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* in = xf.data() + i * cols;
+    const float mx = *std::max_element(in, in + cols);
+    exp_rows(in, row.data(), cols, mx);
+    const float sum = ordered_sum(row.data(), cols);
+    for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(one[size_t(i * cols + j)], row[size_t(j)] / sum) << i << "," << j;
+  }
+}
+
 TEST(ForwardOps, Fp16ResultsOfFloat32OperatorsStayWideUntilRounded) {
   // 1 + 2^-12 is not an fp16 value: Mul keeps it (ONNX Runtime's CPU provider runs Mul in float32), a
   // reader with an fp16 kernel sees it rounded to 1.

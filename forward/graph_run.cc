@@ -1,5 +1,6 @@
 #include "forward/graph_run.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <cstring>
@@ -111,8 +112,24 @@ Value GraphRun::host_value(const Value& v) const {
   return from_floats(v.dtype, v.shape, std::move(f), v.wide);
 }
 
-std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in) {
-  OpCall call{n, {}, op.float32_on_cpu, &products_, nullptr, &weight_scratch_};
+std::vector<bool> GraphRun::reusable_inputs(const State& s, const onnx::NodeProto& n) const {
+  std::vector<bool> r(size_t(n.input_size()), false);
+  for (int k = 0; k < n.input_size(); ++k) {
+    const std::string& name = n.input(k);
+    const auto v = s.live.find(name);
+    const auto left = s.left.find(name);
+    if (name.empty() || v == s.live.end() || left == s.left.end() || !v->second.writable || v->second.on_device() ||
+        v->second.hold.use_count() != 1)
+      continue;
+    // the last reader: every read of it that is left is this node's (Mul(x, x) reads it twice)
+    r[size_t(k)] = left->second == int(std::count(n.input().begin(), n.input().end(), name));
+  }
+  return r;
+}
+
+std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in,
+                                      std::vector<bool> reusable) {
+  OpCall call{n, {}, op.float32_on_cpu, &products_, nullptr, &weight_scratch_, std::move(reusable)};
   std::vector<Value> held;  // inputs converted for this node (reserved: pointers into it stay valid)
   held.reserve(2 * in.size());
   if (device_) {
@@ -137,6 +154,7 @@ std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& o
     ++host_ops_[n.op_type()];
   }
   for (const Value* v : in) {
+    const bool converted = v && (v->on_device() || (v->wide && !op.float32_on_cpu));
     if (v && v->on_device()) {
       held.push_back(host_value(*v));
       v = &held.back();
@@ -145,6 +163,7 @@ std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& o
       held.push_back(narrow(*v));
       v = &held.back();
     }
+    if (converted && call.in.size() < call.reusable.size()) call.reusable[call.in.size()] = false;  // a copy
     call.in.push_back(v);
   }
   return op.fn(call);
@@ -179,7 +198,7 @@ void GraphRun::advance(State& s, size_t end, const std::set<std::string>& captur
       in.push_back(v->present() ? v : nullptr);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<Value> outs = run_node(n, *op, std::move(in));
+    std::vector<Value> outs = run_node(n, *op, std::move(in), reusable_inputs(s, n));
     seconds_[n.op_type()] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& i : n.input())
       if (!i.empty() && --s.left[i] == 0) s.live.erase(i);

@@ -122,7 +122,11 @@ class GraphRun {
   // v on the device as float32 (uploaded, widened there); an initializer's upload is kept by name.
   Value device_value(const Value& v, const std::string& name, bool is_initializer);
   // One node: on the device where its operator has a device form that takes it, else on the host.
-  std::vector<Value> run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in);
+  std::vector<Value> run_node(const onnx::NodeProto& n, const OpEntry& op, std::vector<const Value*> in,
+                              std::vector<bool> reusable);
+  // Per input of n: whether n may overwrite it (OpCall::reusable): an activation n reads last, which no
+  // other value, kept copy or saved state holds.
+  std::vector<bool> reusable_inputs(const State& s, const onnx::NodeProto& n) const;
 };
 
 }  // namespace nibble::forward

@@ -41,6 +41,19 @@ const onnx::TensorProto* OpCall::tensor_attr(const std::string& name) const {
   return a && a->has_t() ? &a->t() : nullptr;
 }
 
+float* OpCall::reusable_floats(size_t i, const std::vector<int64_t>& shape, DType dtype) const {
+  const Value* v = input(i);
+  if (i >= reusable.size() || !reusable[i] || !v || !v->writable || v->on_device() || v->shape != shape ||
+      v->storage() != DType::kFloat32 || !(dtype == DType::kFloat32 || float32_on_cpu))
+    return nullptr;
+  return static_cast<float*>(const_cast<void*>(v->data));
+}
+
+Value OpCall::result_in(size_t i, DType dtype, std::vector<int64_t> shape) const {
+  const Value& v = need(i);
+  return Value{dtype, std::move(shape), v.data, v.hold, dtype != DType::kFloat32, {}, true};
+}
+
 void OpCall::fail(const std::string& what) const {
   throw Error("forward: " + node.op_type() + " node '" + node.name() + "': " + what);
 }

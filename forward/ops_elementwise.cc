@@ -69,17 +69,23 @@ std::vector<Value> binary(const OpCall& c, Binary op) {
                                            broadcast_strides(b.shape, out_shape)};
   if (a.is_float()) {
     if (!b.is_float()) c.fail("a float and an integer operand");
-    Floats r(static_cast<size_t>(numel_of(out_shape)));
+    // An operand the result may overwrite (each output element reads that operand's element at its own
+    // index only), else fresh elements.
+    size_t reused = 0;
+    float* in_place = c.reusable_floats(reused, out_shape, a.dtype);
+    if (!in_place) in_place = c.reusable_floats(reused = 1, out_shape, a.dtype);
+    Floats fresh(in_place ? 0 : static_cast<size_t>(numel_of(out_shape)));
+    float* r = in_place ? in_place : fresh.data();
     const DType ta = a.storage(), tb = b.storage();
     if (ta == DType::kFloat32 && tb == DType::kFloat32) {
-      binary_f32(op, out_shape, strides, a.as<float>(), b.as<float>(), a.shape == out_shape && b.shape == out_shape,
-                 r.data());
+      binary_f32(op, out_shape, strides, a.as<float>(), b.as<float>(), a.shape == out_shape && b.shape == out_shape, r);
     } else {
       parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
-        r[size_t(i)] = apply_float(op, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
+        r[i] = apply_float(op, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
       });
     }
-    return {c.result(a.dtype, out_shape, std::move(r))};
+    if (in_place) return {c.result_in(reused, a.dtype, out_shape)};
+    return {c.result(a.dtype, out_shape, std::move(fresh))};
   }
   const auto x = to_ints(a);
   const auto y = to_ints(b);
@@ -96,14 +102,17 @@ std::vector<Value> unary_rows(const OpCall& c, F f) {
   if (!a.is_float()) c.fail("expects a float input, got " + dtype_name(a.dtype));
   Floats x;
   const float* in = a.as<float>();
-  if (a.storage() == DType::kFloat32) {
+  float* out = c.reusable_floats(0, a.shape, a.dtype);  // in place where the input may be overwritten
+  const bool in_place = out != nullptr;
+  if (!in_place && a.storage() == DType::kFloat32) {
     x.resize(size_t(a.numel()));
-  } else {
+  } else if (!in_place) {
     x = to_floats(a);
     in = x.data();
   }
-  float* out = x.data();
-  parallel_ranges(int64_t(x.size()), [&](int64_t begin, int64_t end) { f(in + begin, out + begin, end - begin); });
+  if (!in_place) out = x.data();
+  parallel_ranges(a.numel(), [&](int64_t begin, int64_t end) { f(in + begin, out + begin, end - begin); });
+  if (in_place) return {c.result_in(0, a.dtype, a.shape)};
   return {c.result(a.dtype, a.shape, std::move(x))};
 }
 

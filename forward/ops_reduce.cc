@@ -87,13 +87,15 @@ std::vector<Value> softmax(const OpCall& c) {
   const int64_t cols = in.shape[axis];
   Floats keep;
   const float* x = in.storage() == DType::kFloat32 ? in.as<float>() : (to_floats_into(in, keep), keep.data());
-  Floats y(size_t(in.numel()));
+  float* in_place = c.reusable_floats(0, in.shape, in.dtype);  // each row read before it is written
+  Floats y(in_place ? 0 : size_t(in.numel()));
+  float* out = in_place ? in_place : y.data();
   const int64_t rows = cols ? in.numel() / cols : 0;
   const int64_t per = std::max<int64_t>(1, kParallelElements / std::max<int64_t>(cols, 1));
   kernels::parallel_for((rows + per - 1) / per, [&](int64_t chunk) {  // rows are independent: same bits
     for (int64_t r = chunk * per; r < std::min(rows, (chunk + 1) * per); ++r) {
       const float* in_row = x + r * cols;
-      float* row = y.data() + r * cols;
+      float* row = out + r * cols;
       float m = -INFINITY;
       for (int64_t j = 0; j < cols; ++j) m = std::max(m, in_row[j]);
       exp_rows(in_row, row, cols, m);
@@ -101,6 +103,7 @@ std::vector<Value> softmax(const OpCall& c) {
       for (int64_t j = 0; j < cols; ++j) row[j] /= s;
     }
   });
+  if (in_place) return {c.result_in(0, in.dtype, in.shape)};
   return {c.result(in.dtype, in.shape, std::move(y))};
 }
 

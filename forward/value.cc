@@ -13,6 +13,7 @@ Value unfilled_value(DType dtype, std::vector<int64_t> shape, void** out) {
   void* p = pool_alloc(n);
   v.hold = std::shared_ptr<void>(p, [n](void* q) { pool_free(q, n); });
   v.data = p;
+  v.writable = true;
   *out = p;
   return v;
 }
@@ -58,6 +59,7 @@ Value new_value(DType dtype, std::vector<int64_t> shape, void** out) {
   std::memset(p, 0, n);
   v.hold = std::shared_ptr<void>(p, [n](void* q) { pool_free(q, n); });
   v.data = p;
+  v.writable = true;
   *out = p;
   return v;
 }
@@ -100,7 +102,7 @@ Value from_floats(DType dtype, std::vector<int64_t> shape, Floats values, bool w
     if (int64_t(values.size()) != numel_of(shape)) throw Error("forward: " + std::to_string(values.size()) +
                                                                " elements for shape " + shape_text(shape));
     auto held = std::make_shared<Floats>(std::move(values));
-    return Value{dtype, std::move(shape), held->data(), held, wide, {}};
+    return Value{dtype, std::move(shape), held->data(), held, wide, {}, true};
   }
   if (int64_t(values.size()) != numel_of(shape)) throw Error("forward: " + std::to_string(values.size()) +
                                                              " elements for shape " + shape_text(shape));

@@ -17,6 +17,9 @@ namespace nibble::forward {
 // fp16/bf16 value's rounded to its type unless `wide`), `data` null; the host reads it after a download.
 // `wide`: an fp16/bf16 value held unrounded in float32 (the result of an operator ONNX Runtime's CPU
 // provider runs in float32 between Casts it inserts: see graph_run.h); `dtype` stays the graph's type.
+// `writable`: `hold` owns bytes the engine made (an operator's result), which the value's last reader may
+// overwrite with its own result when nothing else holds them (OpCall::reusable_floats); never an
+// initializer's or a feed's bytes.
 struct Value {
   DType dtype = DType::kUndefined;
   std::vector<int64_t> shape;
@@ -24,6 +27,7 @@ struct Value {
   std::shared_ptr<const void> hold;  // keeps `data` alive where the value owns it
   bool wide = false;
   kernels::Tensor device;
+  bool writable = false;
 
   int64_t numel() const;
   bool on_device() const { return !device.empty(); }

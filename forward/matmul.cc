@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "kernels/forward_math.h"
+#include "kernels/half_float.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
 
@@ -50,6 +51,45 @@ void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_
                 A + m0 * K, int(K), b_transposed ? B + n0 * K : B + n0, b_transposed ? int(K) : int(N), 0.0f,
                 C + m0 * N + n0, int(N));
   });
+}
+
+void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const uint16_t* B, float* C, int64_t M,
+                     int64_t K, int64_t N, Floats& scratch) {
+  if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw Error("forward: a product too large for 32-bit BLAS indices");
+  if (M == 0 || N == 0) return;
+  use_single_threaded_blas();
+  const int64_t rows = panel_rows(M), cols = panel_columns(N);
+  const int64_t row_panels = (M + rows - 1) / rows, col_panels = (N + cols - 1) / cols;
+  // Column panels widened together: enough panels for two per worker thread (a few rows of A leave one
+  // row panel per column panel).
+  const int64_t group = std::clamp<int64_t>((2 * kernels::num_threads() + row_panels - 1) / row_panels, 1, col_panels);
+  for (int64_t c0 = 0; c0 < col_panels; c0 += group) {
+    const int64_t n0 = c0 * cols, nb = std::min(group * cols, N - n0), panels = (nb + cols - 1) / cols;
+    scratch.resize(size_t(K * nb));
+    float* W = scratch.data();
+    const int64_t per = std::max<int64_t>(1, (int64_t(1) << 15) / nb);  // rows of B per chunk
+    kernels::parallel_for((K + per - 1) / per, [&](int64_t chunk) {
+      for (int64_t k = chunk * per; k < std::min(K, (chunk + 1) * per); ++k) {
+        const uint16_t* in = B + k * N + n0;
+        float* out = W + k * nb;
+        if (b_type == DType::kFloat16)
+          for (int64_t j = 0; j < nb; ++j) out[j] = half_to_float(in[j]);
+        else
+          for (int64_t j = 0; j < nb; ++j) out[j] = bf16_to_float(in[j]);
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    kernels::parallel_for(row_panels * panels, [&](int64_t p) {  // matmul_parallel's panels, B's block in W
+      const int64_t m0 = p / panels * rows, j0 = p % panels * cols;
+      const int64_t m = std::min(rows, M - m0), n = std::min(cols, nb - j0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(K), 1.0f, A + m0 * K, int(K), W + j0,
+                  int(nb), 0.0f, C + m0 * N + n0 + j0, int(N));
+    });
+    if (meter) {
+      meter->flop += 2.0 * double(M) * double(K) * double(nb);
+      meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
 }
 
 void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,

@@ -12,6 +12,9 @@
 #pragma once
 #include <cstdint>
 
+#include "forward/buffer_pool.h"
+#include "kernels/dtype.h"
+
 namespace nibble::forward {
 
 void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
@@ -31,6 +34,13 @@ void use_single_threaded_blas();
 struct ProductMeter {
   double flop = 0.0, seconds = 0.0;
 };
+// C[M, N] = A · B for B [K, N] of fp16/bf16 (b_type): each group of matmul_parallel's column panels is
+// widened into `scratch` just before its products, so the panels, their sgemm calls and every output's
+// bits are matmul_parallel's on B widened whole, without B's float32 copy (a 7B MLP weight: 180 MB
+// written and read back per product, and its pages faulted in). Only the products are counted in `meter`.
+void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const uint16_t* B, float* C, int64_t M,
+                     int64_t K, int64_t N, Floats& scratch);
+
 // matmul_parallel, counted in `meter` where it is non-null.
 void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
                     bool b_transposed);

@@ -21,14 +21,24 @@ struct OpCall {
   // The run's device backend when the node runs there (device_ops.h): an operator that moves elements
   // (strided_copy, Cast) then moves a device value's there.
   kernels::Backend* device = nullptr;
-  // The run's buffer for an fp16/bf16 weight widened for one product (GraphRun keeps it for the pass): the
-  // same bytes each time instead of fresh pages a 7B weight's size, faulted in and zeroed by the kernel.
+  // The run's buffer for the column panels of an fp16/bf16 weight widened for one product at a time
+  // (matmul_widening): the same bytes each time instead of fresh pages.
   Floats* weight_scratch = nullptr;
+  // Per input: the run lets this node overwrite its bytes (the node is the value's last reader, nothing
+  // else holds them, they are the engine's own float32). Empty: none.
+  std::vector<bool> reusable = {};
 
   // A float result: wide where the operator runs in float32 on ONNX Runtime's CPU provider, else rounded.
   Value result(DType dtype, std::vector<int64_t> shape, Floats values) const {
     return from_floats(dtype, std::move(shape), std::move(values), float32_on_cpu);
   }
+
+  // Input i's float32 elements, to be overwritten by a result of `shape` and type `dtype` computed element
+  // by element in place (element j read before j is written), where that is allowed: input i is reusable,
+  // of that shape, and the result is stored in float32 (float32, or wide). Else null.
+  float* reusable_floats(size_t i, const std::vector<int64_t>& shape, DType dtype) const;
+  // The result that reusable_floats(i, shape, dtype) returned the elements of.
+  Value result_in(size_t i, DType dtype, std::vector<int64_t> shape) const;
 
   // Input i, or null when the node omits it (an empty name or fewer inputs).
   const Value* input(size_t i) const { return i < in.size() ? in[i] : nullptr; }

@@ -29,8 +29,16 @@ std::vector<Value> matmul(const OpCall& c) {
   std::vector<int64_t> a_batch(a.shape.begin(), a.shape.end() - 2), b_batch(b.shape.begin(), b.shape.end() - 2);
   Floats ka, kb;
   const float* A = floats_of(a, ka);
-  // A weight (B of no batch axes) not widened once for the pass is widened into the run's scratch.
-  const float* B = floats_of(b, b_batch.empty() && c.weight_scratch ? *c.weight_scratch : kb);
+  if (b_batch.empty() && b.storage() != DType::kFloat32 && c.weight_scratch) {
+    // A 16-bit weight not widened once for the pass: widened panel by panel into the run's scratch.
+    const int64_t rows = a.numel() / K;
+    Floats out(static_cast<size_t>(rows * N));
+    matmul_widening(c.meter, A, b.storage(), b.as<uint16_t>(), out.data(), rows, K, N, *c.weight_scratch);
+    auto shape = a.shape;
+    shape.back() = N;
+    return {c.result(a.dtype, shape, std::move(out))};
+  }
+  const float* B = floats_of(b, kb);
   if (b_batch.empty()) {  // the weight case: every row of A against one B
     const int64_t rows = a.numel() / K;
     Floats out(static_cast<size_t>(rows * N));

@@ -82,6 +82,37 @@ TEST(ForwardMatmul, ParallelPanelsAreFixedByTheShapeAndFollowTheReference) {
   }
 }
 
+// A 16-bit weight widened panel group by panel group gives matmul_parallel's bits on the weight widened
+// whole, at 1 and 3 threads: one row panel (panels grouped), several, and column panels of 1024.
+TEST(ForwardMatmul, WideningPanelByPanelEqualsWideningTheWholeWeight) {
+  struct Case {
+    int64_t M, K, N;
+  };
+  for (const Case& t : {Case{5, 37, 3000}, Case{700, 91, 2100}, Case{300, 64, 1000}})
+    for (DType type : {DType::kFloat16, DType::kBFloat16}) {
+      const auto A = random_floats(size_t(t.M * t.K), 6), Bf = random_floats(size_t(t.K * t.N), 7);
+      std::vector<uint16_t> B(Bf.size());
+      std::vector<float> wide(Bf.size());
+      for (size_t i = 0; i < B.size(); ++i) {
+        B[i] = type == DType::kFloat16 ? float_to_half(Bf[i]) : float_to_bf16(Bf[i]);
+        wide[i] = type == DType::kFloat16 ? half_to_float(B[i]) : bf16_to_float(B[i]);
+      }
+      std::vector<float> whole(size_t(t.M * t.N)), one(whole.size()), three(whole.size());
+      matmul_parallel(A.data(), wide.data(), whole.data(), t.M, t.K, t.N, false);
+      Floats scratch;
+      ProductMeter meter;
+      kernels::set_num_threads(1);
+      matmul_widening(&meter, A.data(), type, B.data(), one.data(), t.M, t.K, t.N, scratch);
+      kernels::set_num_threads(3);
+      matmul_widening(nullptr, A.data(), type, B.data(), three.data(), t.M, t.K, t.N, scratch);
+      kernels::set_num_threads(0);
+      EXPECT_EQ(one, whole) << t.M << "x" << t.K << "x" << t.N;
+      EXPECT_EQ(three, whole) << t.M << "x" << t.K << "x" << t.N;
+      EXPECT_EQ(meter.flop, 2.0 * double(t.M) * double(t.K) * double(t.N));
+      EXPECT_LE(scratch.size(), size_t(t.K) * size_t(std::min<int64_t>(t.N, 3 * 1024)));
+    }
+}
+
 std::vector<Value> call(const std::string& domain, const std::string& op, const std::vector<const Value*>& in) {
   onnx::NodeProto node;
   node.set_op_type(op);

@@ -192,7 +192,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
         acc.add_device_rows(v.device, v.wide ? v.dtype : DType::kFloat32, rows, masked ? mask : nullptr);
       } else {
         forward::Floats widened;  // a float32 activation is read in place
-        if (v.storage() != DType::kFloat32 || v.wide) widened = forward::to_floats(forward::narrow(v));
+        if (v.storage() != DType::kFloat32 || v.wide) forward::rounded_floats_into(v, widened);
         const float* x = widened.empty() ? v.as<float>() : widened.data();
         acc.add_rows(x, rows, masked ? mask->data() : nullptr);
       }

@@ -154,12 +154,13 @@ std::vector<Value> GraphRun::run_node(const onnx::NodeProto& n, const OpEntry& o
     ++host_ops_[n.op_type()];
   }
   for (const Value* v : in) {
-    const bool converted = v && (v->on_device() || (v->wide && !op.float32_on_cpu));
+    const bool rounds = v && v->wide && !op.float32_on_cpu && !op.rounds_wide_inputs;
+    const bool converted = v && (v->on_device() || rounds);
     if (v && v->on_device()) {
       held.push_back(host_value(*v));
       v = &held.back();
     }
-    if (v && v->wide && !op.float32_on_cpu) {
+    if (rounds) {
       held.push_back(narrow(*v));
       v = &held.back();
     }

@@ -59,9 +59,12 @@ using OpFn = std::function<std::vector<Value>(const OpCall&)>;
 // float32_on_cpu: ONNX Runtime's CPU provider has no fp16 kernel for it and runs it in float32 between
 // Casts it inserts (and drops between two such operators): its fp16 results are not rounded until an
 // operator with an fp16 kernel reads them. The others get their inputs rounded (GraphRun does that).
+// rounds_wide_inputs: the operator is given wide inputs as they are and rounds them itself (Cast: the
+// rounding and the conversion in one pass over the elements instead of two).
 struct OpEntry {
   OpFn fn;
   bool float32_on_cpu = false;
+  bool rounds_wide_inputs = false;
 };
 
 // The operator for (domain, type), or null when the engine does not know it. "" and "ai.onnx" are the

@@ -129,9 +129,29 @@ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
+// A wide fp16/bf16 value cast to float32: each element rounded to the value's type (ONNX Runtime's Cast
+// before this one) and kept in float32, in one pass, into the value's own bytes where they may be reused.
+Value rounded_to_float32(const OpCall& c, const Value& a) {
+  float* out = c.reusable_floats(0, a.shape, DType::kFloat32);
+  Floats fresh(out ? 0 : size_t(a.numel()));
+  float* r = out ? out : fresh.data();
+  const float* x = a.as<float>();
+  const DType t = a.dtype;
+  parallel_ranges(a.numel(), [&](int64_t begin, int64_t end) {
+    if (t == DType::kFloat16)
+      for (int64_t i = begin; i < end; ++i) r[i] = round_to_half(x[i]);
+    else
+      for (int64_t i = begin; i < end; ++i) r[i] = round_to_bf16(x[i]);
+  });
+  if (out) return c.result_in(0, DType::kFloat32, a.shape);
+  return from_floats(DType::kFloat32, a.shape, std::move(fresh));
+}
+
 std::vector<Value> cast(const OpCall& c) {
-  const Value& a = c.need(0);
+  const Value& in = c.need(0);
   const DType to = DType(c.int_attr("to", 0));
+  if (in.wide && !in.on_device() && to == DType::kFloat32) return {rounded_to_float32(c, in)};
+  const Value a = in.wide && !in.on_device() ? narrow(in) : in;  // rounds_wide_inputs: rounded here
   if (to == a.dtype) return {a};
   if (a.on_device() && c.device && a.is_float() && is_quantizable_float(to)) {  // rounded where it is
     Value v = a;
@@ -192,7 +212,7 @@ void add_elementwise_ops(OpTable& t) {
   t[":Erf"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::erf(x); }); }, true};
   t[":Relu"] = {[](const OpCall& c) { return unary(c, [](float x) { return x > 0.0f ? x : 0.0f; }); }, true};
   t[":Sigmoid"] = {[](const OpCall& c) { return unary_rows(c, sigmoid_rows); }, true};
-  t[":Cast"] = {cast, false};
+  t[":Cast"] = {cast, false, true};
   t[":Gelu"] = {[](const OpCall& c) {  // opset 20: approximate = "none" | "tanh"
     for (const auto& a : c.node.attribute())
       if (a.name() == "approximate" && a.s() == "tanh") return gelu(c, true);

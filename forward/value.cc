@@ -85,6 +85,21 @@ void to_floats_into(const Value& v, Floats& out) {
   widen(v.dtype, static_cast<const uint16_t*>(v.data), out.data(), n);
 }
 
+void rounded_floats_into(const Value& v, Floats& out) {
+  if (!v.wide) return to_floats_into(v, out);
+  const int64_t n = v.numel();
+  out.resize(static_cast<size_t>(n));
+  const float* x = v.as<float>();
+  float* r = out.data();
+  const DType t = v.dtype;
+  parallel_ranges(n, [&](int64_t begin, int64_t end) {
+    if (t == DType::kFloat16)
+      for (int64_t i = begin; i < end; ++i) r[i] = round_to_half(x[i]);
+    else
+      for (int64_t i = begin; i < end; ++i) r[i] = round_to_bf16(x[i]);
+  });
+}
+
 Value rounded_value(DType dtype, std::vector<int64_t> shape, const float* x) {
   if (dtype == DType::kFloat32) {
     Floats f(x, x + numel_of(shape));

@@ -113,6 +113,22 @@ TEST(ForwardMatmul, WideningPanelByPanelEqualsWideningTheWholeWeight) {
     }
 }
 
+// One node with one integer attribute.
+std::vector<Value> call_with(const std::string& domain, const std::string& op, const std::vector<const Value*>& in,
+                             const std::string& attr, int64_t value) {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  node.set_name("n");
+  node.add_output("y");
+  auto* a = node.add_attribute();
+  a->set_name(attr);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(value);
+  const OpEntry* e = find_op(domain, op);
+  EXPECT_NE(e, nullptr) << op;
+  return e->fn(OpCall{node, in, e->float32_on_cpu});
+}
+
 std::vector<Value> call(const std::string& domain, const std::string& op, const std::vector<const Value*>& in) {
   onnx::NodeProto node;
   node.set_op_type(op);
@@ -218,6 +234,14 @@ TEST(ForwardValues, ThreadedConversionsEqualTheScalarOnesOnEveryPattern) {
       ASSERT_EQ(want, r.as<uint16_t>()[i]) << dtype_name(t) << " " << x[i];
       ASSERT_EQ(want, n.as<uint16_t>()[i]) << dtype_name(t) << " " << x[i];
     }
+    // one pass, the bits of the two: the statistics' rows and a wide value's Cast to float32
+    Floats once;
+    rounded_floats_into(wide, once);
+    const Floats twice = to_floats(n);
+    ASSERT_EQ(0, std::memcmp(once.data(), twice.data(), 4 * twice.size())) << dtype_name(t);
+    const auto cast = call_with("", "Cast", {&wide}, "to", int64_t(onnx::TensorProto::FLOAT)).at(0);
+    ASSERT_EQ(cast.dtype, DType::kFloat32);
+    ASSERT_EQ(0, std::memcmp(cast.data, twice.data(), 4 * twice.size())) << dtype_name(t);
   }
 }
 

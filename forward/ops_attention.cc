@@ -30,9 +30,9 @@ struct Gqa {
 };
 
 // x (D floats) rotated in place for position `pos` (ONNX Runtime's rotary: halves or interleaved pairs).
-void rotate(float* x, const Gqa& g, const Floats& cos, const Floats& sin, int64_t pos) {
-  const float* cs = cos.data() + pos * g.rot_half;
-  const float* sn = sin.data() + pos * g.rot_half;
+void rotate(float* x, const Gqa& g, const float* cos, const float* sin, int64_t pos) {
+  const float* cs = cos + pos * g.rot_half;
+  const float* sn = sin + pos * g.rot_half;
   for (int64_t i = 0; i < g.rot_half; ++i) {
     const int64_t a = g.interleaved ? 2 * i : i, b = g.interleaved ? 2 * i + 1 : i + g.rot_half;
     const float xa = x[a], xb = x[b];
@@ -49,14 +49,17 @@ struct Heads {
 Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
   const Value& query = c.need(0);
   const bool packed = !c.input(1);
-  const auto qf = to_floats(query);
-  const Floats kf = packed ? Floats{} : to_floats(c.need(1));
-  const Floats vf = packed ? Floats{} : to_floats(c.need(2));
-  Floats cos, sin;
+  Floats kq, kk, kv, kcos, ksin;  // the inputs read where they lie when float32, else widened into these
+  const float* qf = float32_view(&query, kq);
+  const float* kf = packed ? nullptr : float32_view(&c.need(1), kk);
+  const float* vf = packed ? nullptr : float32_view(&c.need(2), kv);
+  const float* cos = nullptr;
+  const float* sin = nullptr;
   if (g.rotary) {
-    cos = to_floats(c.need(7));
-    sin = to_floats(c.need(8));
-    if (int64_t(cos.size()) < g.S * g.rot_half) c.fail("the cos/sin caches hold fewer than " + std::to_string(g.S) + " positions");
+    cos = float32_view(&c.need(7), kcos);
+    sin = float32_view(&c.need(8), ksin);
+    if (c.need(7).numel() < g.S * g.rot_half || c.need(8).numel() < g.S * g.rot_half)
+      c.fail("the cos/sin caches hold fewer than " + std::to_string(g.S) + " positions");
   }
   Heads h{Floats(size_t(g.B * g.Hq * g.S * g.D)), Floats(size_t(g.B * g.Hkv * g.S * g.D)),
           Floats(size_t(g.B * g.Hkv * g.S * g.D))};
@@ -64,7 +67,7 @@ Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
   kernels::parallel_for(g.B * g.S, [&](int64_t bs) {
     const int64_t b = bs / g.S, s = bs % g.S;
     {
-      auto src = [&](const Floats& x, int64_t row_width, int64_t col) { return x.data() + (b * g.S + s) * row_width + col; };
+      auto src = [&](const float* x, int64_t row_width, int64_t col) { return x + (b * g.S + s) * row_width + col; };
       for (int64_t hd = 0; hd < g.Hq; ++hd) {
         float* dq = h.q.data() + ((b * g.Hq + hd) * g.S + s) * g.D;
         std::copy_n(packed ? src(qf, width, hd * g.D) : src(qf, g.Hq * g.D, hd * g.D), g.D, dq);
@@ -207,8 +210,11 @@ kernels::AttentionShape gqa_shape(const OpCall& c, std::vector<int64_t>& keys) {
 std::vector<Value> rotary_embedding(const OpCall& c) {
   const Value& x = c.need(0);
   const auto pos = to_ints(c.need(1));
-  const auto cos = to_floats(c.need(2)), sin = to_floats(c.need(3));
+  Floats kcos, ksin;
+  const float* cos = float32_view(&c.need(2), kcos);
+  const float* sin = float32_view(&c.need(3), ksin);
   const Value& cache = c.need(2);
+  if (c.need(3).numel() != cache.numel()) c.fail("cos_cache and sin_cache differ in size");
   if (cache.shape.size() != 2) c.fail("cos_cache must be 2-D, got " + shape_text(cache.shape));
   if (c.int_attr("is_packed_batching", 0)) c.fail("is_packed_batching is not supported");
   const bool bnsd = x.shape.size() == 4;
@@ -229,7 +235,7 @@ std::vector<Value> rotary_embedding(const OpCall& c) {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t s = 0; s < S; ++s) {
         const int64_t p = pos.size() == 1 ? pos[0] + s : pos[size_t(b * S + s)];
-        if (p < 0 || (p + 1) * g.rot_half > int64_t(cos.size())) c.fail("position " + std::to_string(p) + " is past the caches");
+        if (p < 0 || (p + 1) * g.rot_half > cache.numel()) c.fail("position " + std::to_string(p) + " is past the caches");
         float* head = v.data() + (bnsd ? ((b * N + n) * S + s) * g.D : ((b * S + s) * N + n) * g.D);
         rotate(head, g, cos, sin, p);
       }

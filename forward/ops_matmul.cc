@@ -11,13 +11,6 @@ namespace nibble::forward {
 
 namespace {
 
-// A float value's elements as float32: a view for float32, else a widened copy kept in `keep`.
-const float* floats_of(const Value& v, Floats& keep) {
-  if (v.storage() == DType::kFloat32) return v.as<float>();
-  to_floats_into(v, keep);
-  return keep.data();
-}
-
 std::vector<Value> matmul(const OpCall& c) {
   const Value& a = c.need(0);
   const Value& b = c.need(1);
@@ -28,7 +21,7 @@ std::vector<Value> matmul(const OpCall& c) {
   if (b.shape[b.shape.size() - 2] != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
   std::vector<int64_t> a_batch(a.shape.begin(), a.shape.end() - 2), b_batch(b.shape.begin(), b.shape.end() - 2);
   Floats ka, kb;
-  const float* A = floats_of(a, ka);
+  const float* A = float32_view(&a, ka);
   if (b_batch.empty() && b.storage() != DType::kFloat32 && c.weight_scratch) {
     // A 16-bit weight not widened once for the pass: widened panel by panel into the run's scratch.
     const int64_t rows = a.numel() / K;
@@ -38,7 +31,7 @@ std::vector<Value> matmul(const OpCall& c) {
     shape.back() = N;
     return {c.result(a.dtype, shape, std::move(out))};
   }
-  const float* B = floats_of(b, kb);
+  const float* B = float32_view(&b, kb);
   if (b_batch.empty()) {  // the weight case: every row of A against one B
     const int64_t rows = a.numel() / K;
     Floats out(static_cast<size_t>(rows * N));
@@ -82,7 +75,7 @@ std::vector<Value> gemm(const OpCall& c) {
   if ((tb ? b.shape[1] : b.shape[0]) != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
   Floats ka, kb;
   Floats out(static_cast<size_t>(M * N));
-  matmul_counted(c.meter, floats_of(a, ka), floats_of(b, kb), out.data(), M, K, N, tb);
+  matmul_counted(c.meter, float32_view(&a, ka), float32_view(&b, kb), out.data(), M, K, N, tb);
   const float alpha = c.float_attr("alpha", 1.0f), beta = c.float_attr("beta", 1.0f);
   for (float& v : out) v *= alpha;
   if (const Value* cv = c.input(2)) {

@@ -25,43 +25,51 @@ std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width,
   const Value& x = *p.x;
   const DType t = x.dtype;
   const int64_t rows = width ? x.numel() / width : 0;
-  const auto g = to_floats(*p.gamma);
-  if (int64_t(g.size()) != width) c.fail("scale has " + std::to_string(g.size()) + " values for rows of " + std::to_string(width));
-  const Floats b = p.beta ? to_floats(*p.beta) : Floats{};
-  Floats y(static_cast<size_t>(x.numel())), sum(with_sum ? y.size() : 0);
-  const Floats xs = to_floats(x);
-  const Floats ss = p.skip ? to_floats(*p.skip) : Floats{};
-  const Floats bias = p.bias ? to_floats(*p.bias) : Floats{};
-  if (p.skip && ss.size() != xs.size()) c.fail("skip of " + shape_text(p.skip->shape) + " for input " + shape_text(x.shape));
+  Floats kg, kb, kx, ks, kbias;
+  const float* g = float32_view(p.gamma, kg);
+  if (p.gamma->numel() != width)
+    c.fail("scale has " + std::to_string(p.gamma->numel()) + " values for rows of " + std::to_string(width));
+  const float* b = float32_view(p.beta, kb);
+  const float* xs = float32_view(&x, kx);
+  const float* ss = float32_view(p.skip, ks);
+  const float* bias = float32_view(p.bias, kbias);
+  if (p.skip && p.skip->numel() != x.numel()) c.fail("skip of " + shape_text(p.skip->shape) + " for input " + shape_text(x.shape));
+  // The results in the inputs' own bytes where they may be overwritten (float32 results only): y in x's (a
+  // row is copied before its results are written), the sum in skip's (each element read, then written).
+  float* y_in_x = c.reusable_floats(0, x.shape, t);
+  float* sum_in_skip = with_sum && p.skip ? c.reusable_floats(1, x.shape, t) : nullptr;
+  Floats y_fresh(y_in_x ? 0 : size_t(x.numel())), sum_fresh(with_sum && !sum_in_skip ? size_t(x.numel()) : 0);
+  float* y = y_in_x ? y_in_x : y_fresh.data();
+  float* sum = sum_in_skip ? sum_in_skip : sum_fresh.data();
   const float eps = c.float_attr("epsilon", 1e-5f);
   kernels::parallel_for((rows + 63) / 64, [&](int64_t chunk) {
     Floats v(static_cast<size_t>(width));
     for (int64_t r = chunk * 64; r < std::min(rows, chunk * 64 + 64); ++r) {
-      const size_t o = size_t(r * width);
+      const int64_t o = r * width;
       double s1 = 0.0, s2 = 0.0;
       for (int64_t j = 0; j < width; ++j) {
-        float a = xs[o + size_t(j)];
-        if (!ss.empty()) a += ss[o + size_t(j)];
-        if (!bias.empty()) a += bias[size_t(j)];
+        float a = xs[o + j];
+        if (ss) a += ss[o + j];
+        if (bias) a += bias[j];
         v[size_t(j)] = a;
-        if (with_sum) sum[o + size_t(j)] = a;
-        s1 += a;
+        if (with_sum) sum[o + j] = a;
+        if (!rms) s1 += a;
         s2 += double(a) * a;
       }
       const float mean = rms ? 0.0f : float(s1 / double(width));
       const float var = rms ? float(s2 / double(width)) : float(s2 / double(width) - double(mean) * mean);
       const float inv = 1.0f / std::sqrt(var + eps);
       for (int64_t j = 0; j < width; ++j) {
-        float r2 = (v[size_t(j)] - mean) * inv * g[size_t(j)];
-        if (!b.empty()) r2 += b[size_t(j)];
-        y[o + size_t(j)] = r2;
+        float r2 = (v[size_t(j)] - mean) * inv * g[j];
+        if (b) r2 += b[j];
+        y[o + j] = r2;
       }
     }
   });
-  std::vector<Value> out{from_floats(t, x.shape, std::move(y))};
+  std::vector<Value> out{y_in_x ? c.result_in(0, t, x.shape) : from_floats(t, x.shape, std::move(y_fresh))};
   if (with_sum) {
     out.resize(4);
-    out[3] = from_floats(t, x.shape, std::move(sum));
+    out[3] = sum_in_skip ? c.result_in(1, t, x.shape) : from_floats(t, x.shape, std::move(sum_fresh));
   }
   return out;
 }

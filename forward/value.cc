@@ -85,6 +85,13 @@ void to_floats_into(const Value& v, Floats& out) {
   widen(v.dtype, static_cast<const uint16_t*>(v.data), out.data(), n);
 }
 
+const float* float32_view(const Value* v, Floats& keep) {
+  if (!v) return nullptr;
+  if (v->storage() == DType::kFloat32) return v->as<float>();
+  to_floats_into(*v, keep);
+  return keep.data();
+}
+
 void rounded_floats_into(const Value& v, Floats& out) {
   if (!v.wide) return to_floats_into(v, out);
   const int64_t n = v.numel();

@@ -60,6 +60,9 @@ Value view_value(DType dtype, std::vector<int64_t> shape, const void* data);
 Floats to_floats(const Value& v);
 // The same into `out` (resized; its memory reused where it is large enough).
 void to_floats_into(const Value& v, Floats& out);
+// A float value's elements as float32: where they lie when it is stored as float32 (float32, or wide),
+// else widened into `keep` (resized; its memory reused where it is large enough). Null for a null value.
+const float* float32_view(const Value* v, Floats& keep);
 // The elements of a float value as its type holds them, in float32: to_floats(narrow(v)) in one pass (a
 // wide value's elements rounded to its type where they lie, no fp16 copy between).
 void rounded_floats_into(const Value& v, Floats& out);

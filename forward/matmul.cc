@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "kernels/forward_math.h"
+#include "kernels/forward_types.h"
 #include "kernels/half_float.h"
 #include "kernels/parallel.h"
 #include "loaders/error.h"
@@ -26,30 +27,46 @@ void use_single_threaded_blas() {
   (void)once;
 }
 
-void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
+namespace {
+
+// C[m, n] (leading dimension ldc) = A[m, K] (lda) · op(B) (ldb), K in slices of k_slice: one sgemm per
+// slice, each added to the sum of the slices before it (forward_k_slice says why).
+void sgemm_sliced(bool b_transposed, int64_t m, int64_t n, int64_t K, const float* A, int64_t lda, const float* B,
+                  int64_t ldb, float* C, int64_t ldc, int64_t k_slice) {
+  const int64_t step = k_slice > 0 ? k_slice : std::max<int64_t>(K, 1);
+  for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += step) {
+    const int64_t kk = std::min(step, K - k0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(kk), 1.0f,
+                A + k0, int(lda), b_transposed ? B + k0 : B + k0 * ldb, int(ldb), k0 ? 1.0f : 0.0f, C, int(ldc));
+  }
+}
+
+}  // namespace
+
+void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed,
+                 int64_t k_slice) {
   if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw Error("forward: a product too large for 32-bit BLAS indices");
   if (M == 0 || N == 0) return;
   use_single_threaded_blas();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f, A,
-              int(K), B, b_transposed ? int(K) : int(N), 0.0f, C, int(N));
+  sgemm_sliced(b_transposed, M, N, K, A, K, B, b_transposed ? K : N, C, N, k_slice);
 }
 
 int64_t panel_rows(int64_t M) { return kernels::forward_panel_rows(M); }
 
 int64_t panel_columns(int64_t N) { return kernels::forward_panel_columns(N); }
 
-void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
+void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed,
+                     int64_t k_slice) {
   const int64_t rows = panel_rows(M), cols = panel_columns(N);
   const int64_t row_panels = (M + rows - 1) / rows, col_panels = (N + cols - 1) / cols;
-  if (row_panels * col_panels <= 1) return matmul_blas(A, B, C, M, K, N, b_transposed);
+  if (row_panels * col_panels <= 1) return matmul_blas(A, B, C, M, K, N, b_transposed, k_slice);
   use_single_threaded_blas();  // before any worker calls it
   if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw Error("forward: a product too large for 32-bit BLAS indices");
   kernels::parallel_for(row_panels * col_panels, [&](int64_t p) {
     const int64_t m0 = p / col_panels * rows, n0 = p % col_panels * cols;
     const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(K), 1.0f,
-                A + m0 * K, int(K), b_transposed ? B + n0 * K : B + n0, b_transposed ? int(K) : int(N), 0.0f,
-                C + m0 * N + n0, int(N));
+    sgemm_sliced(b_transposed, m, n, K, A + m0 * K, K, b_transposed ? B + n0 * K : B + n0, b_transposed ? K : N,
+                 C + m0 * N + n0, N, k_slice);
   });
 }
 
@@ -82,8 +99,7 @@ void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const ui
     kernels::parallel_for(row_panels * panels, [&](int64_t p) {  // matmul_parallel's panels, B's block in W
       const int64_t m0 = p / panels * rows, j0 = p % panels * cols;
       const int64_t m = std::min(rows, M - m0), n = std::min(cols, nb - j0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(K), 1.0f, A + m0 * K, int(K), W + j0,
-                  int(nb), 0.0f, C + m0 * N + n0 + j0, int(N));
+      sgemm_sliced(false, m, n, K, A + m0 * K, K, W + j0, nb, C + m0 * N + n0 + j0, N, kernels::forward_k_slice(N, K, true));
     });
     if (meter) {
       meter->flop += 2.0 * double(M) * double(K) * double(nb);
@@ -93,9 +109,9 @@ void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const ui
 }
 
 void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
-                    bool b_transposed) {
+                    bool b_transposed, int64_t k_slice) {
   const auto t0 = std::chrono::steady_clock::now();
-  matmul_parallel(A, B, C, M, K, N, b_transposed);
+  matmul_parallel(A, B, C, M, K, N, b_transposed, k_slice);
   if (!meter) return;
   meter->flop += 2.0 * double(M) * double(K) * double(N);
   meter->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

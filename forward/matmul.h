@@ -17,15 +17,20 @@
 
 namespace nibble::forward {
 
+//
+// k_slice: K summed in slices of that many products, each slice's sum added to the slices' before it
+// (kernels::forward_k_slice: ONNX Runtime's order); 0: K in one slice.
 void matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
-void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
+void matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed,
+                 int64_t k_slice);
 
 // The panels of matmul_parallel: rows of C (M / 4 rounded up to 64, within 64 to 512) by columns (all of
 // them up to 2048, else 1024), a function of the shape alone, so the panels, and with them every output's
 // bits, never depend on --threads.
 int64_t panel_rows(int64_t M);
 int64_t panel_columns(int64_t N);
-void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
+void matmul_parallel(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed,
+                     int64_t k_slice);
 
 // OpenBLAS on one thread (the caller's), for the whole process; idempotent.
 void use_single_threaded_blas();
@@ -36,13 +41,13 @@ struct ProductMeter {
 };
 // C[M, N] = A · B for B [K, N] of fp16/bf16 (b_type): each group of matmul_parallel's column panels is
 // widened into `scratch` just before its products, so the panels, their sgemm calls and every output's
-// bits are matmul_parallel's on B widened whole, without B's float32 copy (a 7B MLP weight: 180 MB
+// bits are matmul_parallel's on B widened whole (a weight's K slices), without B's float32 copy (a 7B MLP weight: 180 MB
 // written and read back per product, and its pages faulted in). Only the products are counted in `meter`.
 void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const uint16_t* B, float* C, int64_t M,
                      int64_t K, int64_t N, Floats& scratch);
 
 // matmul_parallel, counted in `meter` where it is non-null.
 void matmul_counted(ProductMeter* meter, const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
-                    bool b_transposed);
+                    bool b_transposed, int64_t k_slice);
 
 }  // namespace nibble::forward

@@ -15,6 +15,7 @@
 #include "forward/fast_exp.h"
 #include "forward/op_table.h"
 #include "forward/matmul.h"
+#include "kernels/forward_types.h"
 #include "kernels/parallel.h"
 
 namespace nibble::forward {
@@ -118,9 +119,9 @@ void attend_group(const Gqa& g, const Heads& h, int64_t b, int64_t kv, int64_t k
   const float* k = h.k.data() + (b * g.Hkv + kv) * S * D;
   const float* v = h.v.data() + (b * g.Hkv + kv) * S * D;
   Floats p(static_cast<size_t>(group * S * S)), ctx(static_cast<size_t>(group * S * D));
-  matmul_blas(q, k, p.data(), group * S, D, S, /*b_transposed=*/true);
+  matmul_blas(q, k, p.data(), group * S, D, S, /*b_transposed=*/true, kernels::forward_k_slice(S, D, false));
   for (int64_t r = 0; r < group * S; ++r) softmax_row(g, p.data() + r * S, r % S, keys);
-  matmul_blas(p.data(), v, ctx.data(), group * S, S, D, false);
+  matmul_blas(p.data(), v, ctx.data(), group * S, S, D, false, kernels::forward_k_slice(D, S, false));
   for (int64_t hl = 0; hl < group; ++hl)
     for (int64_t s = 0; s < S; ++s)
       std::copy_n(ctx.data() + (hl * S + s) * D, D, out.data() + ((b * S + s) * g.Hq + kv * group + hl) * D);

@@ -5,6 +5,7 @@
 
 #include "forward/broadcast.h"
 #include "forward/matmul.h"
+#include "kernels/forward_types.h"
 #include "forward/op_table.h"
 
 namespace nibble::forward {
@@ -35,7 +36,7 @@ std::vector<Value> matmul(const OpCall& c) {
   if (b_batch.empty()) {  // the weight case: every row of A against one B
     const int64_t rows = a.numel() / K;
     Floats out(static_cast<size_t>(rows * N));
-    matmul_counted(c.meter, A, B, out.data(), rows, K, N, false);
+    matmul_counted(c.meter, A, B, out.data(), rows, K, N, false, kernels::forward_k_slice(N, K, true));
     auto shape = a.shape;
     shape.back() = N;
     return {c.result(a.dtype, shape, std::move(out))};
@@ -49,13 +50,15 @@ std::vector<Value> matmul(const OpCall& c) {
   std::vector<std::array<int64_t, 2>> operands;  // each product's A and B, side by side on the worker threads
   for_each_broadcast(batch, strides, [&](int64_t, int64_t ia, int64_t ib) { operands.push_back({ia, ib}); });
   if (operands.size() == 1) {
-    matmul_counted(c.meter, A + operands[0][0] * M * K, B + operands[0][1] * K * N, out.data(), M, K, N, false);
+    matmul_counted(c.meter, A + operands[0][0] * M * K, B + operands[0][1] * K * N, out.data(), M, K, N, false,
+                   kernels::forward_k_slice(N, K, false));
     return {c.result(a.dtype, shape, std::move(out))};
   }
   const auto t0 = std::chrono::steady_clock::now();
   kernels::parallel_for(int64_t(operands.size()), [&](int64_t i) {
     const auto [ia, ib] = operands[size_t(i)];
-    matmul_blas(A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false);
+    matmul_blas(A + ia * M * K, B + ib * K * N, out.data() + i * M * N, M, K, N, false,
+                kernels::forward_k_slice(N, K, false));
   });
   if (c.meter) {
     c.meter->flop += 2.0 * double(operands.size()) * double(M) * double(K) * double(N);
@@ -75,7 +78,8 @@ std::vector<Value> gemm(const OpCall& c) {
   if ((tb ? b.shape[1] : b.shape[0]) != K) c.fail("shapes " + shape_text(a.shape) + " and " + shape_text(b.shape) + " do not multiply");
   Floats ka, kb;
   Floats out(static_cast<size_t>(M * N));
-  matmul_counted(c.meter, float32_view(&a, ka), float32_view(&b, kb), out.data(), M, K, N, tb);
+  matmul_counted(c.meter, float32_view(&a, ka), float32_view(&b, kb), out.data(), M, K, N, tb,
+                 kernels::forward_k_slice(N, K, true));
   const float alpha = c.float_attr("alpha", 1.0f), beta = c.float_attr("beta", 1.0f);
   for (float& v : out) v *= alpha;
   if (const Value* cv = c.input(2)) {

@@ -72,6 +72,32 @@ inline int64_t forward_panel_rows(int64_t M) {
 }
 inline int64_t forward_panel_columns(int64_t N) { return N <= 2048 ? N : 1024; }
 
+// The summation order of ONNX Runtime's CPU products (MLAS's sgemm on x86): each output's K products are
+// summed in slices of forward_k_slice elements, each slice a chain of fused multiply-adds in k order that is
+// then added to the output's running sum. A product with a weight (a constant B, which ONNX Runtime packs
+// when the session loads): slices of 256. A product of two activations: MLAS's stride from the shape (128,
+// halved while K is at most half of it where N >= K, doubled while N is at most half of a width that
+// starts at 128 and stays above 16). The products here make the same slices (one sgemm call each, the
+// running sum as beta = 1): OpenBLAS sums a slice of up to 256 in one chain, which gave ONNX Runtime
+// 1.24's bits on every product of the layer shapes measured (docs/numerics.md). Panels over M and N
+// change no output's sum.
+inline int64_t forward_k_slice(int64_t N, int64_t K, bool weight) {
+  if (weight) return 256;
+  int64_t width = 128, slice = 128;
+  if (N >= K) {
+    while (slice / 2 >= K) {
+      width *= 2;
+      slice /= 2;
+    }
+  } else {
+    while (width > 16 && width / 2 >= N) {
+      slice *= 2;
+      width /= 2;
+    }
+  }
+  return slice;
+}
+
 // forward_binary's broadcast: the output's dims and each operand's element strides in it (0 along a
 // broadcast axis), numpy's rule, rank at most kMaxRank; plain arrays, so a device body takes it by value.
 struct Broadcast {

@@ -12,12 +12,26 @@
 
 namespace nibble::kernels {
 
+namespace {
+
+// C[m, n] (ldc) = A[m, K] (lda) · op(B) (ldb), K in forward_k_slice slices, each sgemm added to the sum of
+// the slices before it: the layer engine's products (forward/matmul.cc), slice for slice.
+void sgemm_sliced(bool b_transposed, int64_t m, int64_t n, int64_t K, const float* A, int64_t lda, const float* B,
+                  int64_t ldb, float* C, int64_t ldc, int64_t k_slice) {
+  for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += k_slice) {
+    const int64_t kk = std::min(k_slice, K - k0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(kk), 1.0f,
+                A + k0, int(lda), b_transposed ? B + k0 : B + k0 * ldb, int(ldb), k0 ? 1.0f : 0.0f, C, int(ldc));
+  }
+}
+
+}  // namespace
+
 void forward_matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed) {
   if (M > INT_MAX || K > INT_MAX || N > INT_MAX) throw std::invalid_argument("forward_matmul: above 32-bit BLAS sizes");
   if (M == 0 || N == 0) return;
   openblas_set_num_threads(1);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f, A,
-              int(K), B, b_transposed ? int(K) : int(N), 0.0f, C, int(N));
+  sgemm_sliced(b_transposed, M, N, K, A, K, B, b_transposed ? K : N, C, N, forward_k_slice(N, K, false));
 }
 
 void forward_matmul_sgemm(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N,
@@ -30,9 +44,8 @@ void forward_matmul_sgemm(const float* A, const float* B, float* C, int64_t M, i
   parallel_for((M + rows - 1) / rows * col_panels, [&](int64_t p) {
     const int64_t m0 = p / col_panels * rows, n0 = p % col_panels * cols;
     const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(K), 1.0f,
-                A + m0 * K, int(K), b_transposed ? B + n0 * K : B + n0, b_transposed ? int(K) : int(N), 0.0f,
-                C + m0 * N + n0, int(N));
+    sgemm_sliced(b_transposed, m, n, K, A + m0 * K, K, b_transposed ? B + n0 * K : B + n0, b_transposed ? K : N,
+                 C + m0 * N + n0, N, forward_k_slice(N, K, true));
   });
 }
 

@@ -25,9 +25,10 @@ void forward_batched_shapes(const Tensor& a, const Tensor& b, int64_t& batch, in
 Tensor forward_select_rows_ref(const Tensor& x, const std::vector<int64_t>& counted);
 // C[M, N] = A[M, K] · B ([K, N], or [N, K] when b_transposed), each output a float32 sum in k order.
 void forward_matmul_ref(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
-// The same products as OpenBLAS's sgemm over forward_panel_rows x forward_panel_columns panels on the
-// worker threads (OpenBLAS itself on one thread: its bits must not depend on the thread count).
-// One OpenBLAS sgemm on the calling thread (a product of a batch).
+// The same products through OpenBLAS's sgemm, K in forward_k_slice's slices (ONNX Runtime's order), OpenBLAS
+// on one thread (its bits must not depend on the thread count). forward_matmul_blas: a product of two
+// activations (a batch's) on the calling thread; forward_matmul_sgemm: a product with a weight, over
+// forward_panel_rows x forward_panel_columns panels on the worker threads.
 void forward_matmul_blas(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 void forward_matmul_sgemm(const float* A, const float* B, float* C, int64_t M, int64_t K, int64_t N, bool b_transposed);
 // The product of forward_matmul's tensors through `product` (the reference's loops, or sgemm).

@@ -1,8 +1,9 @@
 // The CUDA backend's forward products: a MatMul against a weight in forward_panel_rows x
 // forward_panel_columns panels, and GroupQueryAttention's scores and context as strided batches of one
 // product per (batch, kv head), with the heads gathered and rotated, the softmax per row and the context
-// scattered by single-source kernels. Each product is the column-major call that the CPU's row-major
-// cblas_sgemm becomes, so the emulated device's OpenBLAS gives the CPU's bits; cuBLAS sums in its own order.
+// scattered by single-source kernels. Each product is the column-major calls that the CPU's row-major
+// cblas_sgemm calls become, K in the same slices (forward_k_slice), so the emulated device's OpenBLAS gives
+// the CPU's bits; cuBLAS sums each slice in its own order.
 #include <algorithm>
 #include <stdexcept>
 
@@ -29,14 +30,16 @@ Tensor CudaBackend::forward_matmul(const Tensor& x, const Tensor& w, bool w_tran
   const float* A = forward_input(x, tx);
   const float* B = forward_input(w, tw);
   DeviceBuffer<float> C(*dev_, size_t(M * N));
-  const int64_t rows = forward_panel_rows(M), cols = forward_panel_columns(N);
+  const int64_t rows = forward_panel_rows(M), cols = forward_panel_columns(N), slice = forward_k_slice(N, K, true);
   for (int64_t m0 = 0; m0 < M; m0 += rows)
-    for (int64_t n0 = 0; n0 < N; n0 += cols) {
-      const int m = int(std::min(rows, M - m0)), n = int(std::min(cols, N - n0));
-      // Row-major C[m, n] = A[m, K] · B: column-major Cᵀ = op(B)ᵀ · Aᵀ.
-      la().sgemm(w_transposed ? Op::kT : Op::kN, Op::kN, n, m, int(K), 1.0f, w_transposed ? B + n0 * K : B + n0,
-                 int(w_transposed ? K : N), A + m0 * K, int(K), 0.0f, C.get() + m0 * N + n0, int(N));
-    }
+    for (int64_t n0 = 0; n0 < N; n0 += cols)
+      for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += slice) {  // the host's K slices, each added to the sum
+        const int m = int(std::min(rows, M - m0)), n = int(std::min(cols, N - n0)), kk = int(std::min(slice, K - k0));
+        // Row-major C[m, n] = A[m, K] · B: column-major Cᵀ = op(B)ᵀ · Aᵀ.
+        const float* b = w_transposed ? B + n0 * K + k0 : B + k0 * N + n0;
+        la().sgemm(w_transposed ? Op::kT : Op::kN, Op::kN, n, m, kk, 1.0f, b, int(w_transposed ? K : N),
+                   A + m0 * K + k0, int(K), k0 ? 1.0f : 0.0f, C.get() + m0 * N + n0, int(N));
+      }
   return forward_result(std::move(C), std::move(shape));
 }
 
@@ -60,9 +63,12 @@ Tensor CudaBackend::forward_matmul_batched(const Tensor& a, const Tensor& b) {
   const float* A = forward_input(a, ta);
   const float* B = forward_input(b, tb);
   DeviceBuffer<float> C(*dev_, size_t(batch * M * N));
-  // Row-major C_i[M, N] = A_i[M, K] · B_i[K, N]: column-major C_iᵀ = B_iᵀ · A_iᵀ, one product per batch element.
-  la().sgemm_strided_batched(Op::kN, Op::kN, int(N), int(M), int(K), 1.0f, B, int(N), K * N, A, int(K), M * K, 0.0f,
-                             C.get(), int(N), M * N, int(batch));
+  // Row-major C_i[M, N] = A_i[M, K] · B_i[K, N]: column-major C_iᵀ = B_iᵀ · A_iᵀ, one product per batch
+  // element, K in the host's slices.
+  const int64_t slice = forward_k_slice(N, K, false);
+  for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += slice)
+    la().sgemm_strided_batched(Op::kN, Op::kN, int(N), int(M), int(std::min(slice, K - k0)), 1.0f, B + k0 * N, int(N),
+                               K * N, A + k0, int(K), M * K, k0 ? 1.0f : 0.0f, C.get(), int(N), M * N, int(batch));
   return forward_result(std::move(C), std::move(shape));
 }
 
@@ -88,13 +94,18 @@ std::vector<Tensor> CudaBackend::forward_attention(const AttentionArgs& a) {
   launch(*dev_, g.B * S * (g.Hq + 2 * g.Hkv), GatherHeadBody{g, query, key, value, cos, sin, q.get(), k.get(), v.get()});
   DeviceBuffer<float> p(*dev_, size_t(np));
   // Scores P [group · S, S] = Q Kᵀ per (batch, kv head): column-major Pᵀ = K · Qᵀ.
-  la().sgemm_strided_batched(Op::kT, Op::kN, int(S), int(group * S), int(D), 1.0f, k.get(), int(D), S * D, q.get(),
-                             int(D), group * S * D, 0.0f, p.get(), int(S), group * S * S, int(batch));
+  const int64_t score_slice = forward_k_slice(S, D, false), context_slice = forward_k_slice(D, S, false);
+  for (int64_t k0 = 0; k0 == 0 || k0 < D; k0 += score_slice)  // the host's K slices, each added to the sum
+    la().sgemm_strided_batched(Op::kT, Op::kN, int(S), int(group * S), int(std::min(score_slice, D - k0)), 1.0f,
+                               k.get() + k0, int(D), S * D, q.get() + k0, int(D), group * S * D, k0 ? 1.0f : 0.0f,
+                               p.get(), int(S), group * S * S, int(batch));
   const DeviceBuffer<int64_t> keys = upload(a.keys.data(), a.keys.size());
   launch(*dev_, g.B * g.Hq * S, SoftmaxBody{g, keys.get(), p.get()});
   // Context [group · S, D] = P V: column-major ctxᵀ = Vᵀ · Pᵀ (into q's buffer, which the scores consumed).
-  la().sgemm_strided_batched(Op::kN, Op::kN, int(D), int(group * S), int(S), 1.0f, v.get(), int(D), S * D, p.get(),
-                             int(S), group * S * S, 0.0f, q.get(), int(D), group * S * D, int(batch));
+  for (int64_t k0 = 0; k0 == 0 || k0 < S; k0 += context_slice)
+    la().sgemm_strided_batched(Op::kN, Op::kN, int(D), int(group * S), int(std::min(context_slice, S - k0)), 1.0f,
+                               v.get() + k0 * D, int(D), S * D, p.get() + k0, int(S), group * S * S, k0 ? 1.0f : 0.0f,
+                               q.get(), int(D), group * S * D, int(batch));
   DeviceBuffer<float> out(*dev_, size_t(nq));
   launch(*dev_, nq, ScatterContextBody{g, q.get(), out.get()});
   std::vector<Tensor> r;

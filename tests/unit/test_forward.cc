@@ -18,6 +18,7 @@
 #include "forward/op_call.h"
 #include "forward/value.h"
 #include "kernels/forward_math.h"
+#include "kernels/forward_types.h"
 
 namespace {
 nibble::forward::Floats random_floats(size_t n, uint32_t seed) {
@@ -39,7 +40,7 @@ TEST(ForwardMatmul, BlasEqualsTheReferenceWithinSummationError) {
     const auto B = random_floats(size_t(K * N), 2);
     std::vector<float> ref(size_t(M * N)), fast(size_t(M * N));
     matmul_ref(A.data(), B.data(), ref.data(), M, K, N, bt);
-    matmul_blas(A.data(), B.data(), fast.data(), M, K, N, bt);
+    matmul_blas(A.data(), B.data(), fast.data(), M, K, N, bt, 0);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         double mag = 0.0;  // Σ|a·b|: the scale of float32 summation error in any order
@@ -61,14 +62,14 @@ TEST(ForwardMatmul, ParallelPanelsAreFixedByTheShapeAndFollowTheReference) {
     bool bt;
   };
   // four row panels of 192 rows, the last one short; then three column panels of 1024, B transposed
-  for (const Case& t : {Case{700, 91, 53, false}, Case{70, 8, 2100, true}}) {
+  for (const Case& t : {Case{700, 91, 53, false}, Case{70, 8, 2100, true}, Case{300, 600, 70, false}}) {
     const auto A = random_floats(size_t(t.M * t.K), 4), B = random_floats(size_t(t.K * t.N), 5);
     std::vector<float> ref(size_t(t.M * t.N)), one(ref.size()), three(ref.size());
     matmul_ref(A.data(), B.data(), ref.data(), t.M, t.K, t.N, t.bt);
     kernels::set_num_threads(1);
-    matmul_parallel(A.data(), B.data(), one.data(), t.M, t.K, t.N, t.bt);
+    matmul_parallel(A.data(), B.data(), one.data(), t.M, t.K, t.N, t.bt, kernels::forward_k_slice(t.N, t.K, true));
     kernels::set_num_threads(3);
-    matmul_parallel(A.data(), B.data(), three.data(), t.M, t.K, t.N, t.bt);
+    matmul_parallel(A.data(), B.data(), three.data(), t.M, t.K, t.N, t.bt, kernels::forward_k_slice(t.N, t.K, true));
     kernels::set_num_threads(0);
     EXPECT_EQ(one, three);  // the same panels whatever the thread count
     for (int64_t m = 0; m < t.M; ++m)
@@ -82,13 +83,36 @@ TEST(ForwardMatmul, ParallelPanelsAreFixedByTheShapeAndFollowTheReference) {
   }
 }
 
+// K in slices: each slice's sgemm added to the running sum gives what summing the slices one by one does
+// (the slices of 600 at 256: 256, 256, 88), and the slices are ONNX Runtime's: 256 for a weight, MLAS's
+// stride from the shape for two activations.
+TEST(ForwardMatmul, KSlicesAddUpSliceBySlice) {
+  const int64_t M = 70, K = 600, N = 90;
+  const auto A = random_floats(size_t(M * K), 11), B = random_floats(size_t(K * N), 12);
+  std::vector<float> sliced(size_t(M * N)), by_hand(sliced.size(), 0.0f), part(sliced.size());
+  matmul_blas(A.data(), B.data(), sliced.data(), M, K, N, false, 256);
+  for (int64_t k0 = 0; k0 < K; k0 += 256) {
+    const int64_t kk = std::min<int64_t>(256, K - k0);
+    std::vector<float> a(size_t(M * kk));
+    for (int64_t m = 0; m < M; ++m) std::copy_n(A.data() + m * K + k0, kk, a.data() + m * kk);
+    matmul_blas(a.data(), B.data() + k0 * N, part.data(), M, kk, N, false, 0);
+    for (size_t i = 0; i < part.size(); ++i) by_hand[i] = k0 ? by_hand[i] + part[i] : part[i];
+  }
+  EXPECT_EQ(sliced, by_hand);
+  EXPECT_EQ(kernels::forward_k_slice(4096, 11008, true), 256);
+  EXPECT_EQ(kernels::forward_k_slice(256, 64, false), 64);    // scores: K = head size
+  EXPECT_EQ(kernels::forward_k_slice(64, 256, false), 256);   // context: N = head size
+  EXPECT_EQ(kernels::forward_k_slice(128, 256, false), 128);
+  EXPECT_EQ(kernels::forward_k_slice(576, 1536, false), 128);
+}
+
 // A 16-bit weight widened panel group by panel group gives matmul_parallel's bits on the weight widened
 // whole, at 1 and 3 threads: one row panel (panels grouped), several, and column panels of 1024.
 TEST(ForwardMatmul, WideningPanelByPanelEqualsWideningTheWholeWeight) {
   struct Case {
     int64_t M, K, N;
   };
-  for (const Case& t : {Case{5, 37, 3000}, Case{700, 91, 2100}, Case{300, 64, 1000}})
+  for (const Case& t : {Case{5, 37, 3000}, Case{700, 91, 2100}, Case{300, 600, 1000}})
     for (DType type : {DType::kFloat16, DType::kBFloat16}) {
       const auto A = random_floats(size_t(t.M * t.K), 6), Bf = random_floats(size_t(t.K * t.N), 7);
       std::vector<uint16_t> B(Bf.size());
@@ -98,7 +122,7 @@ TEST(ForwardMatmul, WideningPanelByPanelEqualsWideningTheWholeWeight) {
         wide[i] = type == DType::kFloat16 ? half_to_float(B[i]) : bf16_to_float(B[i]);
       }
       std::vector<float> whole(size_t(t.M * t.N)), one(whole.size()), three(whole.size());
-      matmul_parallel(A.data(), wide.data(), whole.data(), t.M, t.K, t.N, false);
+      matmul_parallel(A.data(), wide.data(), whole.data(), t.M, t.K, t.N, false, kernels::forward_k_slice(t.N, t.K, true));
       Floats scratch;
       ProductMeter meter;
       kernels::set_num_threads(1);

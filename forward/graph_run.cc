@@ -42,18 +42,22 @@ const Value* GraphRun::initializer(const std::string& name) {
   read_.insert(name);
   if (auto o = overrides_.find(name); o != overrides_.end()) return &o->second;
   auto it = initializers_.find(name);
-  if (it != initializers_.end()) return &it->second;
+  if (it != initializers_.end()) {
+    // Read again (the next batch): widened once and kept, within the budget. On a device they go up as
+    // they are and are widened there (half the bytes across the bus).
+    Value& v = it->second;
+    if (!device_ && !v.wide && (v.dtype == DType::kFloat16 || v.dtype == DType::kBFloat16) &&
+        widened_bytes_ + size_t(v.numel()) * 4 <= kWidenedBudget) {
+      v = from_floats(v.dtype, v.shape, to_floats(v), /*wide=*/true);  // exact: every fp16/bf16 value is a float32
+      widened_bytes_ += v.bytes();
+    }
+    return &v;
+  }
   const onnx::TensorProto* t = model_.initializer(name);
   if (!t) return nullptr;
   auto view = std::make_shared<TensorView>(model_.view(*t));
   views_.push_back(view);
-  Value v{view->dtype, view->dims, view->data, view, false, {}};
-  // On a device they go up as they are and are widened there (half the bytes across the bus).
-  if (!device_ && (v.dtype == DType::kFloat16 || v.dtype == DType::kBFloat16) && widened_bytes_ + size_t(v.numel()) * 4 <= kWidenedBudget) {
-    v = from_floats(v.dtype, v.shape, to_floats(v), /*wide=*/true);  // exact: every fp16/bf16 value is a float32
-    widened_bytes_ += v.bytes();
-  }
-  return &initializers_.emplace(name, std::move(v)).first->second;
+  return &initializers_.emplace(name, Value{view->dtype, view->dims, view->data, view, false, {}}).first->second;
 }
 
 void GraphRun::release_weights() {

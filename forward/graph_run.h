@@ -93,11 +93,12 @@ class GraphRun {
 
  private:
   OnnxModel& model_;
-  // Initializers as the operators read them, made once (until release_weights): float32 weights are views of
-  // the map; fp16/bf16 ones are widened to float32 once (wide values: the products read them in place)
-  // while the widened copies stay under kWidenedBudget bytes, else handed over as views (widened by each
-  // product that reads them, one at a time). 256 MiB: a 7B layer's attention weights; its MLP's (540 MB
-  // more) would sit beside the search's Grams for a few seconds saved per layer.
+  // Initializers as the operators read them, made once (until release_weights): views of the map; an
+  // fp16/bf16 one read a second time (the next batch) is widened to float32 then and kept (a wide value:
+  // the products read it in place) while the widened copies stay under kWidenedBudget bytes. A view is
+  // widened by each product that reads it, a few column panels at a time (matmul_widening), which costs
+  // a single batch less than widening it whole first. 256 MiB: a 7B layer's attention weights; its MLP's
+  // (540 MB more) would sit beside the search's Grams for a little time saved per batch.
   static constexpr size_t kWidenedBudget = size_t(256) << 20;
   std::map<std::string, Value> initializers_;
   size_t widened_bytes_ = 0;

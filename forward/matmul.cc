@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "forward/half_rows.h"
 #include "kernels/forward_math.h"
 #include "kernels/forward_types.h"
 #include "kernels/half_float.h"
@@ -90,7 +91,7 @@ void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const ui
         const uint16_t* in = B + k * N + n0;
         float* out = W + k * nb;
         if (b_type == DType::kFloat16)
-          for (int64_t j = 0; j < nb; ++j) out[j] = half_to_float(in[j]);
+          halves_to_floats(in, out, nb);
         else
           for (int64_t j = 0; j < nb; ++j) out[j] = bf16_to_float(in[j]);
       }

@@ -61,6 +61,37 @@ void binary_f32(Binary op, const std::vector<int64_t>& out_shape, const std::vec
   }
 }
 
+// Operands of fp16 or float32 storage, one of them fp16 (an fp16 model's norm output times its weight):
+// the operator and both loads fixed at compile time. Other element types: load_float per element.
+template <Binary kOp>
+void binary_mixed(const std::vector<int64_t>& out_shape, const std::vector<int64_t> (&strides)[2], const Value& a,
+                  const Value& b, float* r) {
+  const auto run = [&](auto load_a, auto load_b) {
+    parallel_broadcast(out_shape, strides,
+                       [&](int64_t i, int64_t ia, int64_t ib) { r[i] = apply_float(kOp, load_a(ia), load_b(ib)); });
+  };
+  const auto f32 = [](const Value& v) { return [x = v.as<float>()](int64_t i) { return x[i]; }; };
+  const auto f16 = [](const Value& v) { return [x = v.as<uint16_t>()](int64_t i) { return half_to_float(x[i]); }; };
+  const DType ta = a.storage(), tb = b.storage();
+  if (ta == DType::kFloat16 && tb == DType::kFloat32) return run(f16(a), f32(b));
+  if (ta == DType::kFloat32 && tb == DType::kFloat16) return run(f32(a), f16(b));
+  if (ta == DType::kFloat16 && tb == DType::kFloat16) return run(f16(a), f16(b));
+  parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
+    r[i] = apply_float(kOp, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
+  });
+}
+
+void binary_mixed(Binary op, const std::vector<int64_t>& out_shape, const std::vector<int64_t> (&strides)[2],
+                  const Value& a, const Value& b, float* r) {
+  switch (op) {
+    case Binary::kAdd: return binary_mixed<Binary::kAdd>(out_shape, strides, a, b, r);
+    case Binary::kSub: return binary_mixed<Binary::kSub>(out_shape, strides, a, b, r);
+    case Binary::kMul: return binary_mixed<Binary::kMul>(out_shape, strides, a, b, r);
+    case Binary::kDiv: return binary_mixed<Binary::kDiv>(out_shape, strides, a, b, r);
+    case Binary::kPow: return binary_mixed<Binary::kPow>(out_shape, strides, a, b, r);
+  }
+}
+
 std::vector<Value> binary(const OpCall& c, Binary op) {
   const Value& a = c.need(0);
   const Value& b = c.need(1);
@@ -80,9 +111,7 @@ std::vector<Value> binary(const OpCall& c, Binary op) {
     if (ta == DType::kFloat32 && tb == DType::kFloat32) {
       binary_f32(op, out_shape, strides, a.as<float>(), b.as<float>(), a.shape == out_shape && b.shape == out_shape, r);
     } else {
-      parallel_broadcast(out_shape, strides, [&](int64_t i, int64_t ia, int64_t ib) {
-        r[i] = apply_float(op, load_float(ta, a.data, size_t(ia)), load_float(tb, b.data, size_t(ib)));
-      });
+      binary_mixed(op, out_shape, strides, a, b, r);
     }
     if (in_place) return {c.result_in(reused, a.dtype, out_shape)};
     return {c.result(a.dtype, out_shape, std::move(fresh))};

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "forward/broadcast.h"
+#include "forward/half_rows.h"
 #include "loaders/error.h"
 
 namespace nibble::forward {
@@ -25,7 +26,7 @@ namespace {
 void widen(DType t, const uint16_t* h, float* out, int64_t n) {
   parallel_ranges(n, [&](int64_t begin, int64_t end) {  // one branch-free loop per type (vectorized)
     if (t == DType::kFloat16)
-      for (int64_t i = begin; i < end; ++i) out[i] = half_to_float(h[i]);
+      halves_to_floats(h + begin, out + begin, end - begin);
     else
       for (int64_t i = begin; i < end; ++i) out[i] = bf16_to_float(h[i]);
   });
@@ -35,7 +36,7 @@ void widen(DType t, const uint16_t* h, float* out, int64_t n) {
 void round_into(DType t, const float* x, uint16_t* out, int64_t n) {
   parallel_ranges(n, [&](int64_t begin, int64_t end) {
     if (t == DType::kFloat16)
-      for (int64_t i = begin; i < end; ++i) out[i] = float_to_half(x[i]);
+      floats_to_halves(x + begin, out + begin, end - begin);
     else
       for (int64_t i = begin; i < end; ++i) out[i] = float_to_bf16(x[i]);
   });

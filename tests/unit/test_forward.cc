@@ -12,6 +12,7 @@
 
 #include "forward/broadcast.h"
 #include "forward/buffer_pool.h"
+#include "forward/half_rows.h"
 #include "forward/matmul.h"
 #include "kernels/parallel.h"
 #include "forward/fast_exp.h"
@@ -216,6 +217,22 @@ TEST(ForwardOps, ReduceMeanAndSoftmaxRowsFollowTheirDefinitions) {
   }
 }
 
+// Operands of fp16 and float32 storage in either order (a norm's fp16 output times its float32 weight, a
+// broadcast row): each output the float32 operation on the two elements, widened exactly.
+TEST(ForwardOps, MixedStorageOperandsBroadcastLikeNumpy) {
+  const Value h = from_floats(DType::kFloat16, {3, 5, 7}, random_floats(105, 21));
+  const Value w = from_floats(DType::kFloat32, {7}, random_floats(7, 22));
+  const Value hw = from_floats(DType::kFloat16, {7}, random_floats(7, 23));
+  const auto x = to_floats(h), y = to_floats(w), z = to_floats(hw);
+  const auto hf = to_floats(call("", "Mul", {&h, &w}).at(0)), fh = to_floats(call("", "Div", {&w, &h}).at(0));
+  const auto hh = to_floats(call("", "Sub", {&h, &hw}).at(0));
+  for (size_t i = 0; i < 105; ++i) {
+    EXPECT_EQ(hf[i], x[i] * y[i % 7]) << i;
+    EXPECT_EQ(fh[i], y[i % 7] / x[i]) << i;
+    EXPECT_EQ(hh[i], x[i] - z[i % 7]) << i;
+  }
+}
+
 TEST(ForwardOps, Fp16ResultsOfFloat32OperatorsStayWideUntilRounded) {
   // 1 + 2^-12 is not an fp16 value: Mul keeps it (ONNX Runtime's CPU provider runs Mul in float32), a
   // reader with an fp16 kernel sees it rounded to 1.
@@ -266,6 +283,30 @@ TEST(ForwardValues, ThreadedConversionsEqualTheScalarOnesOnEveryPattern) {
     const auto cast = call_with("", "Cast", {&wide}, "to", int64_t(onnx::TensorProto::FLOAT)).at(0);
     ASSERT_EQ(cast.dtype, DType::kFloat32);
     ASSERT_EQ(0, std::memcmp(cast.data, twice.data(), 4 * twice.size())) << dtype_name(t);
+  }
+}
+
+// The eight-at-a-time conversions and their tails against the scalar ones, NaNs (signalling, quiet, with
+// payloads) among them, at every length from 0 to 40.
+TEST(ForwardValues, HalfRowsEqualTheScalarConversions) {
+  std::vector<uint16_t> h = {0x7c01, 0xfc01, 0x7e00, 0x7fff, 0x7c00, 0xfc00, 0x0001, 0x8001, 0x3c00, 0x03ff, 0x0400};
+  for (uint16_t i = 0; h.size() < 40; ++i) h.push_back(uint16_t(i * 2654435761u >> 16));
+  std::vector<float> x;
+  for (uint16_t v : h) x.push_back(half_to_float(v) * 1.0009765625f);
+  x[3] = std::nanf("0x1234");
+  x[4] = -std::nanf("");
+  x[5] = 65520.0f;
+  x[6] = 2.98023224e-08f;
+  for (size_t n = 0; n <= h.size(); ++n) {
+    std::vector<float> f(n);
+    std::vector<uint16_t> r(n);
+    halves_to_floats(h.data(), f.data(), int64_t(n));
+    floats_to_halves(x.data(), r.data(), int64_t(n));
+    for (size_t i = 0; i < n; ++i) {
+      const float want = half_to_float(h[i]);
+      ASSERT_EQ(0, std::memcmp(&want, &f[i], 4)) << n << " " << i;
+      ASSERT_EQ(float_to_half(x[i]), r[i]) << n << " " << i;
+    }
   }
 }
 

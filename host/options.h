@@ -71,6 +71,7 @@ struct QuantizeOptions {
   LayerMode layer_by_layer = LayerMode::kAuto;
   bool resume = false;
   bool feed_quantized = false;  // layer L+1 calibrated on the outputs of the quantized layers 0..L
+  bool calibrate_first = false;  // each layer group calibrated just before its search, not beside the one before
   std::string report;
   std::string config;
   bool quiet = false;

@@ -58,6 +58,7 @@ LayerChoice choose_layer_pass(const QuantizeOptions& o, const Planned& planned) 
                   "whole-model pass (" + c.why + ")");
     spdlog::warn("--feed_quantized: no effect in the whole-model pass");
   }
+  if (o.calibrate_first && !c.layered()) spdlog::warn("--calibrate_first: no effect in the whole-model pass");
   if (!o.calib.calib_cache.empty() && c.layered())
     spdlog::warn("--calib_cache {}: no effect with --layer_by_layer (each layer's statistics are dropped once it "
                  "is written)", o.calib.calib_cache);

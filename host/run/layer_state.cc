@@ -43,8 +43,10 @@ LayerStateLock::~LayerStateLock() {
 
 nlohmann::json resume_settings(const QuantizeOptions& o) {
   nlohmann::json j = options_to_json(o);
-  // layer_by_layer: auto and on run the same layers and write the same bytes, so either resumes the other.
-  for (const char* k : {"resume", "force", "report", "quiet", "verbose", "threads", "config", "layer_by_layer"})
+  // layer_by_layer: auto and on run the same layers and write the same bytes, so either resumes the other;
+  // calibrate_first changes when a group is calibrated, not what it measures.
+  for (const char* k : {"resume", "force", "report", "quiet", "verbose", "threads", "config", "layer_by_layer",
+                        "calibrate_first"})
     j.erase(k);
   return j;
 }

@@ -374,7 +374,14 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   // beside the search where that backend takes one caller at a time (a device: its streams, memory and
   // ledger are its one caller's), which then measures each group before searching it.
   const bool engine_shares_backend = o.calib.layer_engine && !backend.takes_concurrent_calls();
-  const bool overlap = !o.feed_quantized && o.threads != 1 && calibrates_after_pick(o) && !engine_shares_backend;
+  const bool could_overlap = !o.feed_quantized && o.threads != 1 && calibrates_after_pick(o) && !engine_shares_backend;
+  if (o.calibrate_first && !could_overlap)
+    spdlog::warn("--calibrate_first: no effect: this run calibrates each layer group just before its search already "
+                 "({})", o.feed_quantized      ? "--feed_quantized"
+                         : o.threads == 1      ? "--threads 1"
+                         : engine_shares_backend ? "the layer engine on a device"
+                                                 : "it calibrates only for the sensitivity sweep");
+  const bool overlap = could_overlap && !o.calibrate_first;
   PendingCalibration pending;
   for (size_t g = first; g < groups.size(); ++g) {
     std::function<void()> start_next;

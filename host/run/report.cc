@@ -57,6 +57,7 @@ nlohmann::json fixed_options_to_json(const QuantizeOptions& o) {
           {"layer_by_layer", name_of(o.layer_by_layer)},
           {"resume", o.resume},
           {"feed_quantized", o.feed_quantized},
+          {"calibrate_first", o.calibrate_first},
           {"report", o.report},
           {"config", o.config},
           {"quiet", o.quiet},

@@ -418,3 +418,27 @@ def test_calibration_process_that_dies_is_one_error_line(nibble, llama, tmp_path
     want = "this Python lacks numpy" if dies == "at_start" else "signal 9"
     assert want in r.stderr, r.describe()
     assert not out.exists()
+
+
+def test_calibrate_first_writes_the_same_bytes(nibble, llama, tmp_path):
+    """Each group calibrated just before its search measures what calibrating it beside the previous
+    group's search does: the same model bytes, on the layer engine and on ONNX Runtime; the report keeps the
+    flag, and the whole-model pass says it has no effect."""
+    spec, path, npz, root = llama
+    for engine in ("native", "ort"):
+        beside = tmp_path / engine / "beside" / "model.onnx"
+        first = tmp_path / engine / "first" / "model.onnx"
+        flags = ("--algo", "awq_lite", "--layer_by_layer", "--calibration_engine", engine, *calib_args(npz))
+        r = nibble.quantize(path, str(beside), *flags)
+        assert "measured beside the previous group" in r.stderr, r.describe()
+        report = tmp_path / engine / "r.json"
+        r = nibble.quantize(path, str(first), *flags, "--calibrate_first", "--report", str(report))
+        assert "--calibrate_first: no effect" not in r.stderr
+        assert "measured beside the previous group" not in r.stderr, r.describe()
+        assert json.loads(report.read_text())["options"]["calibrate_first"] is True
+        assert beside.read_bytes() == first.read_bytes(), engine
+        a, b = (p.with_name(p.name + ".data") for p in (beside, first))
+        assert not a.exists() or a.read_bytes() == b.read_bytes()
+    r = nibble.quantize(path, str(tmp_path / "whole.onnx"), "--algo", "awq_lite", "--layer_by_layer", "off",
+                        "--calibrate_first", *calib_args(npz))
+    assert "--calibrate_first: no effect in the whole-model pass" in r.stderr

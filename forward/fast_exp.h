@@ -57,10 +57,6 @@ inline void exp_rows(const float* in, float* out, int64_t n, float shift) {
   map_lanes(in, out, n, [shift](f32x4 v) { return exp_fast(v - shift); });
 }
 
-// out[i] = 1 / (1 + exp(−in[i])).
-inline void sigmoid_rows(const float* in, float* out, int64_t n) {
-  map_lanes(in, out, n, [](f32x4 v) { return 1.0f / (1.0f + exp_fast(-v)); });
-}
 
 // Σ x[0..n) in 8 interleaved partial sums folded in a fixed order: vectorizes, and the bits depend only
 // on n (not on threads or the instruction set).

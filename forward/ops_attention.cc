@@ -14,7 +14,9 @@
 #include "forward/device_ops.h"
 #include "forward/fast_exp.h"
 #include "forward/op_table.h"
+#include "forward/softmax_rows.h"
 #include "forward/matmul.h"
+#include "kernels/forward_math.h"
 #include "kernels/forward_types.h"
 #include "kernels/parallel.h"
 
@@ -30,16 +32,9 @@ struct Gqa {
   int64_t rot_half = 0;  // cos/sin cache width: rotary dimension / 2
 };
 
-// x (D floats) rotated in place for position `pos` (ONNX Runtime's rotary: halves or interleaved pairs).
+// x (D floats) rotated in place for position `pos`: the device bodies' rotation (kernels/forward_math.h).
 void rotate(float* x, const Gqa& g, const float* cos, const float* sin, int64_t pos) {
-  const float* cs = cos + pos * g.rot_half;
-  const float* sn = sin + pos * g.rot_half;
-  for (int64_t i = 0; i < g.rot_half; ++i) {
-    const int64_t a = g.interleaved ? 2 * i : i, b = g.interleaved ? 2 * i + 1 : i + g.rot_half;
-    const float xa = x[a], xb = x[b];
-    x[a] = xa * cs[i] - xb * sn[i];
-    x[b] = xb * cs[i] + xa * sn[i];
-  }
+  kernels::fw::rotate(x, cos, sin, g.rot_half, g.interleaved, pos);
 }
 
 // q, k, v as [B, H, S, D] float32, rotated and rounded to `t`.
@@ -91,22 +86,20 @@ Heads split_heads(const OpCall& c, const Gqa& g, DType t) {
   return h;
 }
 
-// Row `s` of one head's scores, in place: scaled (and capped) over the keys it sees, softmaxed, zero
-// elsewhere.
+// Row `s` of one head's scores, in place: scaled (and capped) over the keys it sees, softmaxed as ONNX
+// Runtime's kernel does (softmax_row_mlas), zero elsewhere.
 void softmax_row(const Gqa& g, float* row, int64_t s, int64_t keys) {
   const int64_t S = g.S;
   const int64_t end = std::min(s + 1, keys);
   const int64_t begin = g.window > 0 && end > g.window ? end - g.window : 0;
-  float m = -INFINITY;
   for (int64_t j = begin; j < end; ++j) {
     float d = row[j] * g.scale;
     if (g.softcap > 0.0f) d = g.softcap * std::tanh(d / g.softcap);
     row[j] = d;
-    m = std::max(m, d);
   }
-  exp_rows(row + begin, row + begin, end - begin, m);
-  const float sum = ordered_sum(row + begin, end - begin);
-  for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] / sum : 0.0f;
+  softmax_row_mlas(row + begin, end - begin);
+  for (int64_t j = 0; j < S; ++j)
+    if (j < begin || j >= end) row[j] = 0.0f;
 }
 
 // One (batch, kv head) and the query heads that share it: scores for all of them in one product

@@ -4,6 +4,7 @@
 
 #include "forward/broadcast.h"
 #include "forward/fast_exp.h"
+#include "forward/logistic_rows.h"
 #include "forward/op_table.h"
 
 namespace nibble::forward {
@@ -240,7 +241,7 @@ void add_elementwise_ops(OpTable& t) {
   t[":Tanh"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::tanh(x); }); }, true};
   t[":Erf"] = {[](const OpCall& c) { return unary(c, [](float x) { return std::erf(x); }); }, true};
   t[":Relu"] = {[](const OpCall& c) { return unary(c, [](float x) { return x > 0.0f ? x : 0.0f; }); }, true};
-  t[":Sigmoid"] = {[](const OpCall& c) { return unary_rows(c, sigmoid_rows); }, true};
+  t[":Sigmoid"] = {[](const OpCall& c) { return unary_rows(c, logistic_rows); }, true};
   t[":Cast"] = {cast, false, true};
   t[":Gelu"] = {[](const OpCall& c) {  // opset 20: approximate = "none" | "tanh"
     for (const auto& a : c.node.attribute())

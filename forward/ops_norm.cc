@@ -1,7 +1,8 @@
 // The normalisations of decoder layers: RMS norm (SimplifiedLayerNormalization) and LayerNormalization,
-// and ONNX Runtime's fused forms that add a residual first (Skip*). Each row in float32; the residual sum
-// that a Skip* operator also returns is rounded to the value's type, the normalisation reads it unrounded
-// (as ONNX Runtime's CPU kernels do).
+// and ONNX Runtime's fused forms that add a residual first (Skip*). Each row in float32 with ONNX Runtime's
+// CPU arithmetic (kernels/forward_math.h's norm_row, docs/numerics.md): its sums in element order, the
+// deviation's square root, each element divided by it, then scaled; the residual sum that a Skip* operator
+// also returns is rounded to the value's type, the normalisation reads it unrounded.
 #include <cmath>
 
 #include "forward/op_table.h"
@@ -46,7 +47,7 @@ std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width,
     Floats v(static_cast<size_t>(width));
     for (int64_t r = chunk * 64; r < std::min(rows, chunk * 64 + 64); ++r) {
       const int64_t o = r * width;
-      double s1 = 0.0, s2 = 0.0;
+      float s1 = 0.0f, s2 = 0.0f;  // in element order, in float: ONNX Runtime's sums
       for (int64_t j = 0; j < width; ++j) {
         float a = xs[o + j];
         if (ss) a += ss[o + j];
@@ -54,13 +55,12 @@ std::vector<Value> normalize(const OpCall& c, const NormParts& p, int64_t width,
         v[size_t(j)] = a;
         if (with_sum) sum[o + j] = a;
         if (!rms) s1 += a;
-        s2 += double(a) * a;
+        s2 += a * a;
       }
-      const float mean = rms ? 0.0f : float(s1 / double(width));
-      const float var = rms ? float(s2 / double(width)) : float(s2 / double(width) - double(mean) * mean);
-      const float inv = 1.0f / std::sqrt(var + eps);
+      const float n = float(width), mean = rms ? 0.0f : s1 / n;
+      const float dev = std::sqrt(rms ? s2 / n + eps : s2 / n - mean * mean + eps);
       for (int64_t j = 0; j < width; ++j) {
-        float r2 = (v[size_t(j)] - mean) * inv * g[j];
+        float r2 = (rms ? v[size_t(j)] : v[size_t(j)] - mean) / dev * g[j];
         if (b) r2 += b[j];
         y[o + j] = r2;
       }

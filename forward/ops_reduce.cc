@@ -6,6 +6,7 @@
 #include "forward/broadcast.h"
 #include "forward/fast_exp.h"
 #include "forward/op_table.h"
+#include "forward/softmax_rows.h"
 
 namespace nibble::forward {
 
@@ -96,11 +97,8 @@ std::vector<Value> softmax(const OpCall& c) {
     for (int64_t r = chunk * per; r < std::min(rows, (chunk + 1) * per); ++r) {
       const float* in_row = x + r * cols;
       float* row = out + r * cols;
-      float m = -INFINITY;
-      for (int64_t j = 0; j < cols; ++j) m = std::max(m, in_row[j]);
-      exp_rows(in_row, row, cols, m);
-      const float s = ordered_sum(row, cols);
-      for (int64_t j = 0; j < cols; ++j) row[j] /= s;
+      if (row != in_row) std::copy(in_row, in_row + cols, row);
+      softmax_row_mlas(row, cols);
     }
   });
   if (in_place) return {c.result_in(0, in.dtype, in.shape)};

@@ -1,8 +1,8 @@
 // The layer engine's scalar arithmetic, callable from host and device (NIBBLE_HD): the bodies of the
 // forward_* operations on every backend (the reference in kernels/cpu/forward_ref.cc, the CUDA backend's
 // kernels). Each mirrors the host engine's operator (forward/) operation for operation: no product is
-// fused into an add (-ffp-contract=off, nvcc --fmad=false), so +, −, ×, ÷ and sqrt give the host's bits on
-// a GPU too; tanh, erf and pow are the device's own there (within their ulp bounds), libm's on the host.
+// fused into an add unless written so (fmaf: the logistic function's, as ONNX Runtime's), -ffp-contract=off
+// and nvcc --fmad=false, so +, −, ×, ÷, fmaf and sqrt give the host's bits on a GPU too; tanh, erf and pow are the device's own there (within their ulp bounds), libm's on the host.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -12,6 +12,14 @@
 #include "kernels/hd_float.h"
 
 namespace nibble::kernels::fw {
+
+NIBBLE_HD inline float fma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 
 NIBBLE_HD inline float sqrt(float x) {
 #ifdef __CUDA_ARCH__
@@ -62,7 +70,76 @@ NIBBLE_HD inline float exp_fast(float x) {
   return x != x ? x : y * scale;
 }
 
-NIBBLE_HD inline float sigmoid(float x) { return 1.0f / (1.0f + exp_fast(-x)); }
+// The logistic function as ONNX Runtime's CPU kernels compute it (MLAS, the x86 FMA kernel behind Sigmoid and
+// the fused QuickGelu/SiLU): an odd rational function p(x)/q(x) + 1/2 of x clamped to [-18, 18], each
+// polynomial by Horner's rule in fused multiply-adds, the result clamped to [0, 1]. Within 2e-7 (absolute)
+// of the logistic function, and ONNX Runtime's bits where it runs that kernel (tests/e2e/test_engine_bits.py),
+// so that an fp16 model's activations round where ONNX Runtime's do. NaN stays NaN.
+NIBBLE_HD inline float sigmoid(float x) {
+  float v = x < -18.0f ? -18.0f : x;
+  v = v > 18.0f ? 18.0f : v;
+  const float v2 = v * v;
+  float p = fma(v2, 4.37031012579801e-11f, 1.15627324459942e-07f);
+  p = fma(p, v2, 6.08574864600143e-05f);
+  p = fma(p, v2, 8.51377133304701e-03f);
+  p = fma(p, v2, 2.48287947061529e-01f);
+  p = p * v;
+  float q = fma(v2, 6.10247389755681e-13f, 5.76102136993427e-09f);
+  q = fma(q, v2, 6.29106785017040e-06f);
+  q = fma(q, v2, 1.70198817374094e-03f);
+  q = fma(q, v2, 1.16817656904453e-01f);
+  q = fma(q, v2, 9.93151921023180e-01f);
+  const float r = p / q + 0.5f;
+  return r < 0.0f ? 0.0f : (r > 1.0f ? 1.0f : r);
+}
+
+// p · 2^e for an integral e ≤ 0 with one rounding (AVX-512's vscalefps): through the exponent bits, and
+// below 2^-126 (a subnormal result) as (p · 2^(e+64)) · 2^-64, whose first product is exact.
+NIBBLE_HD inline float scale_pow2(float p, float e) {
+  if (e != e) return e;
+  const int32_t k = int32_t(e);
+  if (k >= -126) return p * hd::bits_f32(uint32_t(k + 127) << 23);
+  return (p * hd::bits_f32(uint32_t(k + 64 + 127) << 23)) * hd::bits_f32(uint32_t(-64 + 127) << 23);
+}
+
+// exp(x) for a softmax's x − max ≤ 0 as ONNX Runtime's softmax computes it (MLAS's AVX-512 sum-of-exp
+// kernel): x clamped below at −103.97, reduced by m = round(x / ln 2) in two fused steps, a degree-6
+// polynomial in fused multiply-adds, scaled by 2^m. NaN stays NaN.
+NIBBLE_HD inline float softmax_exp(float x) {
+  x = x < -103.9720840454f ? -103.9720840454f : x;
+  const float biased = fma(x, 1.44269504088896341f, 12582912.0f);  // + 1.5 · 2^23 rounds to an integer
+  const float m = biased - 12582912.0f;
+  x = fma(m, -6.93145752e-1f, x);
+  x = fma(m, -1.42860677e-6f, x);
+  float p = 0x1.694000p-10f;
+  p = fma(p, x, 0x1.125edcp-7f);
+  p = fma(p, x, 0x1.555b5ap-5f);
+  p = fma(p, x, 0x1.555450p-3f);
+  p = fma(p, x, 0x1.fffff6p-2f);
+  p = fma(p, x, 1.0f);
+  p = fma(p, x, 1.0f);
+  return scale_pow2(p, m);
+}
+
+// Σ e[0..n) as that kernel sums it: sixteen lanes (element j into lane j mod 16, in order), the upper eight
+// lanes added to the lower eight, then pairs, pairs of pairs and the two halves.
+NIBBLE_HD inline float softmax_sum(const float* e, int64_t n) {
+  float lane[16] = {};
+  for (int64_t j = 0; j < n; ++j) lane[j % 16] += e[j];
+  float a[8];
+  for (int i = 0; i < 8; ++i) a[i] = lane[i + 8] + lane[i];
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// Softmax of row[0..n) in place as ONNX Runtime's CPU kernels compute it (MlasComputeSoftmax): the maximum,
+// softmax_exp of each x − max, softmax_sum, each element times 1 / sum.
+NIBBLE_HD inline void softmax_mlas(float* row, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = m < row[j] ? row[j] : m;
+  for (int64_t j = 0; j < n; ++j) row[j] = softmax_exp(row[j] - m);
+  const float scale = 1.0f / softmax_sum(row, n);
+  for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+}
 
 // Σ x[0..n) in 8 interleaved partial sums folded in a fixed order (forward/fast_exp.h's ordered_sum).
 NIBBLE_HD inline float ordered_sum(const float* x, int64_t n) {
@@ -105,7 +182,10 @@ NIBBLE_HD inline float unary(ForwardUnary op, float x) {
 }
 
 // One row of forward_norm: a = x (+ skip) (+ bias) into `sum` (when given) and, unrounded, into y; then
-// y = (a − mean) · inv · gamma (+ beta). Null pointers for absent parts.
+// y = (a − mean) / dev · gamma (+ beta), the mean and the mean square summed in float in element order and
+// dev = sqrt(mean square (− mean²) + eps): ONNX Runtime's CPU kernels' arithmetic, step for step, so that
+// the norm gives their bits (an fp16 model's rounding then lands where theirs does). Null pointers for
+// absent parts.
 NIBBLE_HD inline void norm_row(const float* x, const float* skip, const float* bias, const float* gamma,
                                const float* beta, int64_t width, float eps, bool rms, int round, float* y,
                                float* sum, bool l2 = false) {
@@ -120,7 +200,7 @@ NIBBLE_HD inline void norm_row(const float* x, const float* skip, const float* b
     for (int64_t j = 0; j < width; ++j) y[j] = hd::round_to(round, norm > 0.0f ? x[j] / norm : 0.0f);
     return;
   }
-  double s1 = 0.0, s2 = 0.0;
+  float s1 = 0.0f, s2 = 0.0f;
   for (int64_t j = 0; j < width; ++j) {
     float a = x[j];
     if (skip) a += skip[j];
@@ -128,20 +208,20 @@ NIBBLE_HD inline void norm_row(const float* x, const float* skip, const float* b
     y[j] = a;
     if (sum) sum[j] = hd::round_to(round, a);
     s1 += a;
-    s2 += double(a) * a;
+    s2 += a * a;
   }
-  const float mean = rms ? 0.0f : float(s1 / double(width));
-  const float var = rms ? float(s2 / double(width)) : float(s2 / double(width) - double(mean) * mean);
-  const float inv = 1.0f / sqrt(var + eps);
+  const float n = float(width), mean = rms ? 0.0f : s1 / n;
+  const float dev = sqrt(rms ? s2 / n + eps : s2 / n - mean * mean + eps);
   for (int64_t j = 0; j < width; ++j) {
-    float r = (y[j] - mean) * inv * gamma[j];
+    float r = (rms ? y[j] : y[j] - mean) / dev * gamma[j];
     if (beta) r += beta[j];
     y[j] = hd::round_to(round, r);
   }
 }
 
 // x (one head, its first 2·rot_half elements) rotated in place for position `pos` (ONNX Runtime's rotary:
-// halves, or interleaved pairs).
+// halves, or interleaved pairs), each output one fused multiply-add on a rounded product, as MLAS's AVX2
+// rotary kernel computes it: x_a·cos − (x_b·sin) and x_a·sin + (x_b·cos).
 NIBBLE_HD inline void rotate(float* x, const float* cos, const float* sin, int64_t rot_half, bool interleaved,
                              int64_t pos) {
   const float* cs = cos + pos * rot_half;
@@ -149,13 +229,13 @@ NIBBLE_HD inline void rotate(float* x, const float* cos, const float* sin, int64
   for (int64_t i = 0; i < rot_half; ++i) {
     const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + rot_half;
     const float xa = x[a], xb = x[b];
-    x[a] = xa * cs[i] - xb * sn[i];
-    x[b] = xb * cs[i] + xa * sn[i];
+    x[a] = fma(xa, cs[i], -(xb * sn[i]));
+    x[b] = fma(xa, sn[i], xb * cs[i]);
   }
 }
 
-// Row s of one head's scores (S of them), in place: scaled (and capped) over the keys it sees, softmaxed,
-// zero elsewhere.
+// Row s of one head's scores (S of them), in place: scaled (and capped) over the keys it sees, softmaxed
+// as softmax_mlas does (GroupQueryAttention's CPU kernel calls MlasComputeSoftmax), zero elsewhere.
 NIBBLE_HD inline void softmax_row(float* row, int64_t S, int64_t s, int64_t keys, float scale, float softcap,
                                   int64_t window) {
   const int64_t end = s + 1 < keys ? s + 1 : keys;
@@ -167,9 +247,9 @@ NIBBLE_HD inline void softmax_row(float* row, int64_t S, int64_t s, int64_t keys
     row[j] = d;
     m = m < d ? d : m;
   }
-  for (int64_t j = begin; j < end; ++j) row[j] = exp_fast(row[j] - m);
-  const float total = ordered_sum(row + begin, end - begin);
-  for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] / total : 0.0f;
+  for (int64_t j = begin; j < end; ++j) row[j] = softmax_exp(row[j] - m);
+  const float inv = 1.0f / softmax_sum(row + begin, end - begin);
+  for (int64_t j = 0; j < S; ++j) row[j] = j >= begin && j < end ? row[j] * inv : 0.0f;
 }
 
 // C[M, N] = A[M, K] · B ([K, N], or [N, K] when b_transposed), each output a float32 sum in k order: the
@@ -200,14 +280,8 @@ NIBBLE_HD inline float reduce_row(const float* x, int64_t width, bool mean) {
   return float(mean ? acc / double(width) : acc);
 }
 
-// Softmax of one row in place (the Softmax operator: the max, exp of the shifted values, their 8-lane sum).
-NIBBLE_HD inline void softmax_plain_row(float* row, int64_t width) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j < width; ++j) m = m < row[j] ? row[j] : m;
-  for (int64_t j = 0; j < width; ++j) row[j] = exp_fast(row[j] - m);
-  const float s = ordered_sum(row, width);
-  for (int64_t j = 0; j < width; ++j) row[j] /= s;
-}
+// Softmax of one row in place (the Softmax operator): softmax_mlas.
+NIBBLE_HD inline void softmax_plain_row(float* row, int64_t width) { softmax_mlas(row, width); }
 
 // The offsets in a and b of output element i of a broadcast (forward_types.h).
 NIBBLE_HD inline void broadcast_offsets(const Broadcast& g, int64_t i, int64_t& ia, int64_t& ib) {

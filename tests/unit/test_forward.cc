@@ -14,6 +14,7 @@
 #include "forward/buffer_pool.h"
 #include "forward/half_rows.h"
 #include "forward/logistic_rows.h"
+#include "forward/softmax_rows.h"
 #include "forward/matmul.h"
 #include "kernels/parallel.h"
 #include "forward/fast_exp.h"
@@ -208,13 +209,43 @@ TEST(ForwardOps, ReduceMeanAndSoftmaxRowsFollowTheirDefinitions) {
   kernels::set_num_threads(0);
   EXPECT_EQ(one, three);
   const auto xf = to_floats(x);
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* in = xf.data() + i * cols;
-    const float mx = *std::max_element(in, in + cols);
-    exp_rows(in, row.data(), cols, mx);
-    const float sum = ordered_sum(row.data(), cols);
-    for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(one[size_t(i * cols + j)], row[size_t(j)] / sum) << i << "," << j;
+  for (int64_t i = 0; i < rows; ++i) {  // the scalar definition (kernels/forward_math.h), bit for bit
+    std::vector<float> row(xf.begin() + i * cols, xf.begin() + (i + 1) * cols);
+    kernels::fw::softmax_mlas(row.data(), cols);
+    for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(one[size_t(i * cols + j)], row[size_t(j)]) << i << "," << j;
+  }
+}
+
+// MLAS's softmax pieces written out: exp within 2 ulp of exp over the range a softmax sees, the subnormal
+// results rounded once, the sum's sixteen lanes in their fold order, and the vector rows (any length: 16
+// at a time, then a tail) equal to the scalar definition.
+TEST(ForwardOps, MlasSoftmaxPiecesFollowTheirDefinitions) {
+  double worst = 0.0;
+  for (int i = 0; i <= 870000; ++i) {
+    const float x = -float(i) * 1e-4f;
+    const double want = std::exp(double(x));
+    worst = std::max(worst, std::fabs(double(kernels::fw::softmax_exp(x)) - want) / want);
+  }
+  EXPECT_LE(worst, 2.0 * 5.96e-8) << worst;
+  EXPECT_EQ(kernels::fw::softmax_exp(0.0f), 1.0f);
+  EXPECT_NEAR(kernels::fw::softmax_exp(-100.0f), std::exp(-100.0), 1.5e-45);  // subnormal: within its spacing
+  EXPECT_GT(kernels::fw::softmax_exp(-100.0f), 0.0f);
+  EXPECT_EQ(kernels::fw::softmax_exp(-1000.0f), kernels::fw::softmax_exp(-103.9720840454f));
+  EXPECT_TRUE(std::isnan(kernels::fw::softmax_exp(NAN)));
+  EXPECT_EQ(kernels::fw::scale_pow2(1.5f, -149.0f), std::ldexp(1.5f, -149));  // one rounding, to 2^-148
+  const Floats e = random_floats(37, 12);
+  float lane[16] = {};
+  for (size_t j = 0; j < 37; ++j) lane[j % 16] += e[j];
+  float a[8];
+  for (int i = 0; i < 8; ++i) a[i] = lane[i + 8] + lane[i];
+  EXPECT_EQ(kernels::fw::softmax_sum(e.data(), 37), ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])));
+  for (int64_t n : {1, 7, 16, 17, 48, 100, 257}) {
+    Floats row = random_floats(size_t(n), 13);
+    for (float& v : row) v *= 30.0f;  // a spread wide enough for subnormal numerators
+    Floats want = row;
+    kernels::fw::softmax_mlas(want.data(), n);
+    softmax_row_mlas(row.data(), n);
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(std::memcmp(&row[size_t(j)], &want[size_t(j)], 4), 0) << n << "," << j;
   }
 }
 

@@ -1,4 +1,4 @@
-// exp for the layer engine's activations and softmax: a branch-free form (Cephes' expf: a degree-5
+// exp for the layer engine's Exp operator (softmax has ONNX Runtime's own: softmax_rows.h): a branch-free form (Cephes' expf: a degree-5
 // polynomial on x − n·ln 2, scaled by 2^n through the exponent bits), four lanes at a time in GCC's vector
 // types (a scalar loop with the clamps is not vectorized: GCC sees control flow), where each std::exp is a
 // libm call. Within 2 ulp of exp (tests/unit/test_forward.cc measures the bound): ONNX Runtime's CPU
@@ -55,18 +55,6 @@ void map_lanes(const float* in, float* out, int64_t n, F f) {
 // out[i] = exp(in[i] − shift), a softmax row's numerators.
 inline void exp_rows(const float* in, float* out, int64_t n, float shift) {
   map_lanes(in, out, n, [shift](f32x4 v) { return exp_fast(v - shift); });
-}
-
-
-// Σ x[0..n) in 8 interleaved partial sums folded in a fixed order: vectorizes, and the bits depend only
-// on n (not on threads or the instruction set).
-inline float ordered_sum(const float* x, int64_t n) {
-  float part[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) part[l] += x[i + l];
-  for (int l = 0; i < n; ++i, ++l) part[l] += x[i];
-  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
 }  // namespace nibble::forward

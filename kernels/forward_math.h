@@ -141,16 +141,6 @@ NIBBLE_HD inline void softmax_mlas(float* row, int64_t n) {
   for (int64_t j = 0; j < n; ++j) row[j] *= scale;
 }
 
-// Σ x[0..n) in 8 interleaved partial sums folded in a fixed order (forward/fast_exp.h's ordered_sum).
-NIBBLE_HD inline float ordered_sum(const float* x, int64_t n) {
-  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) part[l] += x[i + l];
-  for (int l = 0; i < n; ++i, ++l) part[l] += x[i];
-  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
 NIBBLE_HD inline float binary(ForwardBinary op, float a, float b) {
   switch (op) {
     case ForwardBinary::kAdd: return a + b;

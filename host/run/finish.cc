@@ -30,6 +30,8 @@ nlohmann::json layer_engine_json(const EngineCalibration& e) {
           {"forward_gflop", f.flop * 1e-9},
           {"statistics_gflop", s.flop * 1e-9},
           {"product_seconds", f.seconds + s.seconds},
+          {"forward_product_seconds", f.seconds},
+          {"statistics_product_seconds", s.seconds},
           {"statistics_row_bytes", e.statistics_row_bytes()},
           {"forward_on_device", e.forward_on_device()},
           {"activation_upload_bytes", e.activation_upload_bytes()},

@@ -2,16 +2,12 @@
 
 #include <immintrin.h>
 
+#include "forward/cpu_features.h"
 #include "kernels/half_float.h"
 
 namespace nibble::forward {
 
 namespace {
-
-bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
-  return yes;
-}
 
 // vcvtph2ps quiets a signalling NaN; the scalar conversion keeps its payload as it is: those lanes are
 // taken from the integer form (exponent 31 rebiased to 255, mantissa shifted).
@@ -63,12 +59,12 @@ __attribute__((target("avx2,f16c"))) void floats_to_halves_f16c(const float* x, 
 }  // namespace
 
 void halves_to_floats(const uint16_t* h, float* out, int64_t n) {
-  if (has_f16c()) return halves_to_floats_f16c(h, out, n);
+  if (cpu_has_avx2_f16c()) return halves_to_floats_f16c(h, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = half_to_float(h[i]);
 }
 
 void floats_to_halves(const float* x, uint16_t* out, int64_t n) {
-  if (has_f16c()) return floats_to_halves_f16c(x, out, n);
+  if (cpu_has_avx2_f16c()) return floats_to_halves_f16c(x, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
 }
 

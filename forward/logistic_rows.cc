@@ -2,16 +2,12 @@
 
 #include <immintrin.h>
 
+#include "forward/cpu_features.h"
 #include "kernels/forward_math.h"
 
 namespace nibble::forward {
 
 namespace {
-
-bool has_fma() {
-  static const bool yes = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-  return yes;
-}
 
 // The scalar function's operations lane by lane: max(lo, v) and min(hi, v) keep a NaN v (the second
 // operand is returned when one is NaN), as the scalar comparisons do.
@@ -41,7 +37,7 @@ __attribute__((target("avx2,fma"))) void logistic_rows_fma(const float* in, floa
 }  // namespace
 
 void logistic_rows(const float* in, float* out, int64_t n) {
-  if (has_fma()) return logistic_rows_fma(in, out, n);
+  if (cpu_has_avx2_fma()) return logistic_rows_fma(in, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = kernels::fw::sigmoid(in[i]);
 }
 

@@ -2,16 +2,12 @@
 
 #include <immintrin.h>
 
+#include "forward/cpu_features.h"
 #include "kernels/forward_math.h"
 
 namespace nibble::forward {
 
 namespace {
-
-bool has_fma() {
-  static const bool yes = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-  return yes;
-}
 
 // kernels::fw::softmax_exp on eight lanes, operation for operation.
 __attribute__((target("avx2,fma"))) __m256 softmax_exp8(__m256 x) {
@@ -70,7 +66,7 @@ __attribute__((target("avx2,fma"))) void softmax_row_fma(float* row, int64_t n) 
 }  // namespace
 
 void softmax_row_mlas(float* row, int64_t n) {
-  if (has_fma()) return softmax_row_fma(row, n);
+  if (cpu_has_avx2_fma()) return softmax_row_fma(row, n);
   kernels::fw::softmax_mlas(row, n);
 }
 

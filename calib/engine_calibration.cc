@@ -69,13 +69,6 @@ EngineCalibration::EngineCalibration(const CalibrationOptions& o, const std::str
                 " (--calibration_engine ort runs it)");
 }
 
-int64_t EngineCalibration::rows_per_run() const {
-  for (const auto& t : model_->proto().graph().initializer())
-    if (t.dims_size() == 2 && (t.data_type() == onnx::TensorProto::FLOAT16 || t.data_type() == onnx::TensorProto::BFLOAT16))
-      return kRowsPerRunWidened;
-  return kRowsPerRun;
-}
-
 void EngineCalibration::write_feeds() {
   const CalibrationOptions& o = options_;
   const std::string& model_path = model_->path();
@@ -90,7 +83,6 @@ void EngineCalibration::write_feeds() {
   const nlohmann::json top = read_json_file(feeds_dir_ + "/batches.json");
   nlohmann::json chunk_shapes;
   int64_t chunk_rows = 0;
-  const int64_t per_run = rows_per_run();
   for (const auto& b : top.at("batches")) {
     const std::string dir = feeds_dir_ + "/" + b.at("dir").get<std::string>();
     nlohmann::json shapes = nlohmann::json::object();  // every input's shape: batches join where they agree
@@ -99,7 +91,7 @@ void EngineCalibration::write_feeds() {
       shapes[e.at("name").get<std::string>()] = e.at("shape");
       if (e.at("name") == kTokenMask) rows = forward::numel_of(e.at("shape").get<std::vector<int64_t>>());
     }
-    if (batches_.empty() || shapes != chunk_shapes || chunk_rows + rows > per_run) {
+    if (batches_.empty() || shapes != chunk_shapes || chunk_rows + rows > kRowsPerChunk) {
       batches_.push_back(Batch{});
       chunk_shapes = shapes;
       chunk_rows = 0;

@@ -65,13 +65,9 @@ class EngineCalibration {
 
  private:
   // Calibration batches run together: consecutive batches whose inputs have the same shapes, joined along
-  // their first (batch) axis up to rows_per_run() tokens, so that each product has more rows (sgemm runs
-  // ~30% faster on 1024 rows than on 256 here). Each row's values are its batch's alone. A model with
-  // 16-bit weights joins up to 2048: each run widens its weights to float32 (a 7B layer's 404 M take
-  // ~0.3 s, 7% of its products' time at 1024 rows); float32 weights are read in place, and 2048 rows
-  // only cost memory (SmolLM2 fp32 awq_lite: 295 MiB peak RSS against 241-274).
-  static constexpr int64_t kRowsPerRun = 1024, kRowsPerRunWidened = 2048;
-  int64_t rows_per_run() const;
+  // their first (batch) axis up to kRowsPerChunk tokens, so that each product has more rows (sgemm runs
+  // ~30% faster on 1024 rows than on 256 here). Each row's values are its batch's alone.
+  static constexpr int64_t kRowsPerChunk = 1024;
   struct Batch {
     std::vector<std::string> dirs;
     std::vector<int64_t> token_mask;  // [rows of every batch, in order]

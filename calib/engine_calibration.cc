@@ -15,6 +15,7 @@
 #include "calib/stats_space.h"
 #include "forward/buffer_pool.h"
 #include "forward/forward_files.h"
+#include "kernels/parallel.h"
 #include "loaders/error.h"
 #include "loaders/json_file.h"
 
@@ -173,6 +174,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
     names.insert(a.name);
     accs.emplace(a.name, ActivationAccumulator(*statistics_, a.K, extras.gram_block));
   }
+  const kernels::CpuTally cpu;
   const auto t0 = std::chrono::steady_clock::now();
   auto last_log = t0;
   double stats_s = 0.0;
@@ -237,6 +239,7 @@ std::unique_ptr<Calibration> EngineCalibration::measure(const std::vector<Calibr
   const double total = since(t0);
   forward_seconds_ += total - stats_s;
   statistics_seconds_ += stats_s;
+  cpu_seconds_ += cpu.seconds();
   if (!quiet_)
     spdlog::debug("calibration (layer engine): {} activations, {} runs of joined batches, forward {:.2f} s, "
                   "statistics {:.2f} s", acts.size(), batches_.size(), total - stats_s, stats_s);

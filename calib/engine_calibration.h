@@ -50,6 +50,9 @@ class EngineCalibration {
   // Seconds in the forward pass and in the statistics, over every request so far.
   double forward_seconds() const { return forward_seconds_; }
   double statistics_seconds() const { return statistics_seconds_; }
+  // The CPU seconds of the same work (its thread and its workers, kernels::CpuTally): beside the search
+  // they share the cores, so this, not the wall time, is what the work cost.
+  double cpu_seconds() const { return cpu_seconds_; }
   // The products among them (the forward's MatMul, Gemm and attention; the statistics' ssyrk): FLOPs
   // and seconds, whose ratio is the calibration's arithmetic rate.
   forward::ProductMeter forward_products() const { return graph_->products(); }
@@ -84,7 +87,7 @@ class EngineCalibration {
   std::vector<Batch> batches_;
   int64_t tokens_ = 0;
   bool quiet_ = false;
-  double forward_seconds_ = 0.0, statistics_seconds_ = 0.0;
+  double forward_seconds_ = 0.0, statistics_seconds_ = 0.0, cpu_seconds_ = 0.0;
   forward::ProductMeter statistics_products_;
   uint64_t statistics_row_bytes_ = 0;
   std::mutex mu_;

@@ -83,6 +83,7 @@ void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const ui
   const int64_t group = std::clamp<int64_t>((2 * kernels::num_threads() + row_panels - 1) / row_panels, 1, col_panels);
   for (int64_t c0 = 0; c0 < col_panels; c0 += group) {
     const int64_t n0 = c0 * cols, nb = std::min(group * cols, N - n0), panels = (nb + cols - 1) / cols;
+    const auto t0 = std::chrono::steady_clock::now();  // the widening counts with the products (matmul.h)
     scratch.resize(size_t(K * nb));
     float* W = scratch.data();
     const int64_t per = std::max<int64_t>(1, (int64_t(1) << 15) / nb);  // rows of B per chunk
@@ -96,7 +97,6 @@ void matmul_widening(ProductMeter* meter, const float* A, DType b_type, const ui
           for (int64_t j = 0; j < nb; ++j) out[j] = bf16_to_float(in[j]);
       }
     });
-    const auto t0 = std::chrono::steady_clock::now();
     kernels::parallel_for(row_panels * panels, [&](int64_t p) {  // matmul_parallel's panels, B's block in W
       const int64_t m0 = p / panels * rows, j0 = p % panels * cols;
       const int64_t m = std::min(rows, M - m0), n = std::min(cols, nb - j0);

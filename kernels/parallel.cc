@@ -1,5 +1,7 @@
 #include "kernels/parallel.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -18,6 +20,31 @@ int num_threads() {
   if (n > 0) return n;
   return std::max(1u, std::thread::hardware_concurrency());
 }
+
+namespace {
+
+thread_local CpuTally* t_tally = nullptr;
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + int64_t(ts.tv_nsec);
+}
+
+}  // namespace
+
+CpuTally::CpuTally() : previous_(t_tally), start_ns_(thread_cpu_ns()) { t_tally = this; }
+
+CpuTally::~CpuTally() {
+  t_tally = previous_;
+  if (previous_) previous_->add_worker_nanoseconds(worker_ns_.load());  // its own clock has this thread's
+}
+
+double CpuTally::seconds() const { return 1e-9 * double(thread_cpu_ns() - start_ns_ + worker_ns_.load()); }
+
+CpuTally* CpuTally::current() { return t_tally; }
+void CpuTally::set_current(CpuTally* t) { t_tally = t; }
+void CpuTally::add_worker_nanoseconds(int64_t ns) { worker_ns_ += ns; }
 
 void parallel_for(int64_t chunks, const std::function<void(int64_t)>& fn) {
   const int64_t workers = std::min<int64_t>(num_threads(), chunks);
@@ -41,7 +68,13 @@ void parallel_for(int64_t chunks, const std::function<void(int64_t)>& fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < workers; ++t) pool.emplace_back(work);
+  CpuTally* tally = CpuTally::current();
+  for (int64_t t = 1; t < workers; ++t)
+    pool.emplace_back([&work, tally] {
+      CpuTally::set_current(tally);  // nested parallel_for calls collect into it too
+      work();
+      if (tally) tally->add_worker_nanoseconds(thread_cpu_ns());  // a fresh thread: its whole CPU time
+    });
   work();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);

@@ -36,7 +36,9 @@ nlohmann::json layer_engine_json(const EngineCalibration& e) {
           {"forward_on_device", e.forward_on_device()},
           {"activation_upload_bytes", e.activation_upload_bytes()},
           {"host_operators", e.host_operators()},
-          {"gflops", seconds > 0 ? flop * 1e-9 / seconds : 0.0}};
+          {"gflops", seconds > 0 ? flop * 1e-9 / seconds : 0.0},
+          {"cpu_seconds", e.cpu_seconds()},
+          {"gflop_per_cpu_second", e.cpu_seconds() > 0 ? flop * 1e-9 / e.cpu_seconds() : 0.0}};
 }
 
 uint64_t peak_rss_bytes() {

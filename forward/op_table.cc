@@ -12,6 +12,7 @@ const OpTable& table() {
     add_norm_ops(m);
     add_matmul_ops(m);
     add_attention_ops(m);
+    add_logic_ops(m);
     return m;
   }();
   return t;

@@ -15,5 +15,6 @@ void add_reduce_ops(OpTable& t);       // ops_reduce.cc: reductions, Softmax
 void add_norm_ops(OpTable& t);         // ops_norm.cc
 void add_matmul_ops(OpTable& t);       // ops_matmul.cc
 void add_attention_ops(OpTable& t);    // ops_attention.cc
+void add_logic_ops(OpTable& t);        // ops_logic.cc: Where and the comparisons
 
 }  // namespace nibble::forward

@@ -199,11 +199,11 @@ std::vector<Value> cast(const OpCall& c) {
     Floats f(x.begin(), x.end());
     return {from_floats(to, a.shape, std::move(f))};
   }
-  if (to == DType::kInt64 || to == DType::kInt32 || to == DType::kInt8 || to == DType::kUInt8) {
+  if (to == DType::kInt64 || to == DType::kInt32 || to == DType::kInt8 || to == DType::kUInt8 || to == DType::kBool) {
     if (!a.is_float()) return {from_ints(to, a.shape, to_ints(a))};
     const auto f = to_floats(a);
     std::vector<int64_t> x(f.size());
-    for (size_t i = 0; i < f.size(); ++i) x[i] = int64_t(f[i]);
+    for (size_t i = 0; i < f.size(); ++i) x[i] = to == DType::kBool ? f[i] != 0.0f : int64_t(f[i]);
     return {from_ints(to, a.shape, x)};
   }
   c.fail("cast to " + dtype_name(int(to)) + " is not supported");

@@ -143,6 +143,7 @@ std::vector<int64_t> to_ints(const Value& v) {
       case DType::kInt32: out[size_t(i)] = v.as<int32_t>()[i]; break;
       case DType::kInt8: out[size_t(i)] = v.as<int8_t>()[i]; break;
       case DType::kUInt8: out[size_t(i)] = v.as<uint8_t>()[i]; break;
+      case DType::kBool: out[size_t(i)] = v.as<uint8_t>()[i] != 0; break;
       default: throw Error("forward: expected an integer tensor, got " + dtype_name(v.dtype));
     }
   }
@@ -158,6 +159,7 @@ Value from_ints(DType dtype, std::vector<int64_t> shape, const std::vector<int64
       case DType::kInt32: static_cast<int32_t*>(p)[i] = int32_t(values[i]); break;
       case DType::kInt8: static_cast<int8_t*>(p)[i] = int8_t(values[i]); break;
       case DType::kUInt8: static_cast<uint8_t*>(p)[i] = uint8_t(values[i]); break;
+      case DType::kBool: static_cast<uint8_t*>(p)[i] = values[i] != 0; break;
       default: throw Error("forward: no integer storage for " + dtype_name(dtype));
     }
   }

@@ -7,7 +7,7 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::kFloat32: case DType::kInt32: return 4;
     case DType::kFloat16: case DType::kBFloat16: return 2;
-    case DType::kUInt8: case DType::kInt8: return 1;
+    case DType::kUInt8: case DType::kInt8: case DType::kBool: return 1;
     case DType::kInt64: case DType::kFloat64: return 8;
     default: return 0;
   }

@@ -17,6 +17,7 @@ enum class DType : int {
   kInt8 = 3,
   kInt32 = 6,
   kInt64 = 7,
+  kBool = 9,  // one byte per element, 0 or 1 (the layer engine's conditions)
   kFloat16 = 10,
   kFloat64 = 11,
   kBFloat16 = 16,

@@ -342,3 +342,54 @@ def test_rotary_embedding_equals_onnx_runtime(nibble, tmp_path, dtype, layout, i
     ref = ort_values(path, feeds, ["y"], ONNX_FLOAT[np.dtype(fdt)])["y"]
     nat, _ = native_values(nibble, path, feeds, ["y"], tmp_path)
     assert rel_rms(nat["y"], ref) <= (1e-6 if dtype == "fp32" else 5e-4)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_where_and_comparisons_equal_onnx_runtime(nibble, tmp_path, dtype, device):
+    """Where and the comparisons that build an exported model's attention mask (a causal mask from positions,
+    padding from a 0/1 mask, the model dtype's lowest value where a key is hidden), and bools cast back to
+    floats: every output equals ONNX Runtime's bytes (the elements are copied or compared, not computed)."""
+    fdt = np.float16 if dtype == "fp16" else np.float32
+    ft = ONNX_FLOAT[np.dtype(fdt)]
+    B, S = 2, 6
+    rng = np.random.default_rng(4)
+    mask = np.ones((B, S), np.int64)
+    mask[1, 4:] = 0  # the second sequence is padded
+    nodes = [
+        helper.make_node("Unsqueeze", ["pos", "ax1"], ["rows"]),           # [S, 1]
+        helper.make_node("LessOrEqual", ["pos", "rows"], ["causal"]),       # key <= query: [S, S]
+        helper.make_node("Unsqueeze", ["mask", "ax12"], ["mask4"]),        # [B, 1, 1, S]
+        helper.make_node("Equal", ["mask4", "one"], ["keep"]),
+        helper.make_node("And", ["causal", "keep"], ["both"]),               # [B, 1, S, S]
+        helper.make_node("Not", ["both"], ["hidden"]),
+        helper.make_node("Where", ["hidden", "lowest", "x"], ["masked"]),   # x where seen, lowest elsewhere
+        helper.make_node("Greater", ["x", "zero"], ["pos_x"]),
+        helper.make_node("Or", ["pos_x", "hidden"], ["either"]),
+        helper.make_node("Cast", ["either"], ["either_f"], to=ft),
+        helper.make_node("Less", ["x", "zero"], ["neg_x"]),
+        helper.make_node("Cast", ["neg_x"], ["neg_i"], to=TensorProto.INT64),
+        helper.make_node("Cast", ["neg_i"], ["neg_f"], to=ft),
+        helper.make_node("GreaterOrEqual", ["x", "zero"], ["nonneg"]),
+        helper.make_node("Where", ["nonneg", "x", "zero"], ["relu"]),
+    ]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", ft, [B, 1, S, S]), helper.make_tensor_value_info("mask", TensorProto.INT64, [B, S])],
+        [helper.make_tensor_value_info(n, ft, None) for n in ("masked", "either_f", "neg_f", "relu")],
+        initializer=[onnx.numpy_helper.from_array(np.arange(S, dtype=np.int64), "pos"),
+                     onnx.numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+                     onnx.numpy_helper.from_array(np.array([1, 2], np.int64), "ax12"),
+                     onnx.numpy_helper.from_array(np.array(1, np.int64), "one"),
+                     onnx.numpy_helper.from_array(np.array(np.finfo(fdt).min, fdt), "lowest"),
+                     onnx.numpy_helper.from_array(np.array(0, fdt), "zero")])
+    path = models.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                       str(tmp_path / "where.onnx"), storage="raw")
+    feeds = {"x": rng.standard_normal((B, 1, S, S)).astype(fdt), "mask": mask}
+    names = ["masked", "either_f", "neg_f", "relu"]
+    ref = ort_values(path, feeds, names, ft)
+    nat, _ = native_values(nibble, path, feeds, names, tmp_path, device)
+    for n in names:
+        assert np.array_equal(nat[n], ref[n].astype(np.float32)), n
+    # the mask really hides: the padded keys and the future
+    assert (ref["masked"][1, 0, 5, 4:] == np.finfo(fdt).min).all() and (ref["masked"][0, 0, 2, 3:] == np.finfo(fdt).min).all()

@@ -13,6 +13,7 @@ const OpTable& table() {
     add_matmul_ops(m);
     add_attention_ops(m);
     add_logic_ops(m);
+    add_mha_ops(m);
     return m;
   }();
   return t;

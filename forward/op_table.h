@@ -16,5 +16,6 @@ void add_norm_ops(OpTable& t);         // ops_norm.cc
 void add_matmul_ops(OpTable& t);       // ops_matmul.cc
 void add_attention_ops(OpTable& t);    // ops_attention.cc
 void add_logic_ops(OpTable& t);        // ops_logic.cc: Where and the comparisons
+void add_mha_ops(OpTable& t);          // ops_mha.cc: MultiHeadAttention
 
 }  // namespace nibble::forward

@@ -1,5 +1,6 @@
 // Operators that move elements without arithmetic: shapes, views, copies along strides, constants.
 // Reshape, Identity, Unsqueeze and Squeeze return views of their input's bytes.
+#include <cmath>
 #include <cstring>
 
 #include "forward/broadcast.h"
@@ -259,6 +260,57 @@ std::vector<Value> expand(const OpCall& c) {
   return {strided_copy(c, in, shape, broadcast_strides(in.shape, shape), 0)};
 }
 
+// Tile: the input repeated repeats[d] times along each axis; any element type, copied byte for byte.
+std::vector<Value> tile(const OpCall& c) {
+  const Value& in = c.need(0);
+  if (in.on_device()) c.fail("a device value (Tile runs on the host)");
+  const auto repeats = to_ints(c.need(1));
+  if (repeats.size() != in.shape.size()) c.fail("repeats has " + std::to_string(repeats.size()) + " values for rank " + std::to_string(in.shape.size()));
+  std::vector<int64_t> shape(in.shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (repeats[d] < 0) c.fail("a negative repeat");
+    shape[d] = in.shape[d] * repeats[d];
+  }
+  const size_t esz = dtype_size(in.storage());
+  if (esz == 0) c.fail("no element size for " + dtype_name(in.dtype));
+  void* out = nullptr;
+  Value v = unfilled_value(in.storage(), shape, &out);
+  v.dtype = in.dtype;
+  v.wide = in.wide;
+  const auto in_strides = strides_of(in.shape);
+  const int64_t n = numel_of(shape);
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t src = 0;
+    for (size_t d = 0; d < shape.size(); ++d) src += (idx[d] % in.shape[d]) * in_strides[d];
+    std::memcpy(static_cast<uint8_t*>(out) + size_t(i) * esz, static_cast<const uint8_t*>(in.data) + size_t(src) * esz, esz);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return {v};
+}
+
+// Range(start, limit, delta): max(ceil((limit - start) / delta), 0) values, integers or floats.
+std::vector<Value> range(const OpCall& c) {
+  const Value& start = c.need(0);
+  if (start.is_float()) {
+    const float a = to_floats(start).at(0), b = to_floats(c.need(1)).at(0), d = to_floats(c.need(2)).at(0);
+    if (d == 0.0f) c.fail("delta is 0");
+    const int64_t n = std::max<int64_t>(0, int64_t(std::ceil((b - a) / d)));
+    Floats f(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) f[size_t(i)] = a + float(i) * d;
+    return {from_floats(start.dtype, {n}, std::move(f))};
+  }
+  const int64_t a = to_ints(start).at(0), b = to_ints(c.need(1)).at(0), d = to_ints(c.need(2)).at(0);
+  if (d == 0) c.fail("delta is 0");
+  const int64_t n = std::max<int64_t>(0, (b - a + d + (d > 0 ? -1 : 1)) / d);
+  std::vector<int64_t> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = a + i * d;
+  return {from_ints(start.dtype, {n}, r)};
+}
+
 std::vector<Value> constant_of_shape(const OpCall& c) {
   const auto shape = to_ints(c.need(0));
   Value fill = from_floats(DType::kFloat32, {1}, {0.0f});
@@ -313,6 +365,8 @@ void add_shape_ops(OpTable& t) {
   t[":Slice"] = {slice, false};
   t[":Gather"] = {gather, false};
   t[":Expand"] = {expand, false};
+  t[":Tile"] = {tile, false};
+  t[":Range"] = {range, false};
   t[":ConstantOfShape"] = {constant_of_shape, false};
   t[":Trilu"] = {trilu, false};
   t[":Constant"] = {constant, false};

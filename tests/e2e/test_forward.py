@@ -393,3 +393,87 @@ def test_where_and_comparisons_equal_onnx_runtime(nibble, tmp_path, dtype, devic
         assert np.array_equal(nat[n], ref[n].astype(np.float32)), n
     # the mask really hides: the padded keys and the future
     assert (ref["masked"][1, 0, 5, 4:] == np.finfo(fdt).min).all() and (ref["masked"][0, 0, 2, 3:] == np.finfo(fdt).min).all()
+
+
+def make_mha_form(dtype: str, H: int = 64, heads: int = 4, inter: int = 96, layers: int = 2, vocab: int = 96,
+                  seed: int = 6) -> onnx.ModelProto:
+    """The builder's form where GroupQueryAttention does not run (CUDA with float32, the CPU with fp16):
+    RotaryEmbedding on q and k, a 4D additive mask built from the positions and attention_mask (Range,
+    LessOrEqual, Equal, And, Where, Tile over the heads), MultiHeadAttention."""
+    rng = np.random.default_rng(seed)
+    fdt = np.float16 if dtype == "fp16" else np.float32
+    et = ONNX_FLOAT[np.dtype(fdt)]
+    D = H // heads
+    inits, nodes = [], []
+
+    def init(name, arr):
+        arr = np.asarray(arr)
+        inits.append(onnx.numpy_helper.from_array(arr if arr.dtype.kind in "ib" else arr.astype(fdt), name))
+        return name
+
+    def node(op, ins, outs, domain=None, **attrs):
+        nodes.append(helper.make_node(op, ins, outs, name=outs[0], domain=domain, **attrs))
+        return outs[0]
+
+    def w(name, k, n):
+        return init(name, (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32))
+
+    ang = np.outer(np.arange(64), 1.0 / (10000.0 ** (np.arange(0, D, 2) / D)))
+    init("cos", np.cos(ang)), init("sin", np.sin(ang))
+    init("embed", rng.standard_normal((vocab, H)))
+    m = "/model/attn_mask_reformat"
+    node("Shape", ["input_ids"], [f"{m}/shape"])
+    S = node("Gather", [f"{m}/shape", init("i1", np.array(1, np.int64))], [f"{m}/S"], axis=0)
+    pos = node("Range", [init("i0", np.array(0, np.int64)), S, init("i1s", np.array(1, np.int64))], [f"{m}/range"])
+    rows = node("Unsqueeze", [pos, init("ax1", np.array([1], np.int64))], [f"{m}/rows"])
+    causal = node("LessOrEqual", [pos, rows], [f"{m}/causal"])
+    am = node("Unsqueeze", ["attention_mask", init("ax12", np.array([1, 2], np.int64))], [f"{m}/am4"])
+    keep = node("Equal", [am, init("one", np.array(1, np.int64))], [f"{m}/keep"])
+    both = node("And", [causal, keep], [f"{m}/both"])
+    bias = node("Where", [both, init("zero", np.array(0, fdt)), init("lowest", np.array(np.finfo(fdt).min, fdt))], [f"{m}/bias"])
+    mask = node("Tile", [bias, init("reps", np.array([1, heads, 1, 1], np.int64))], [f"{m}/Tile"])
+    x = node("Gather", ["embed", "input_ids"], ["/model/embed/output_0"])
+    for i in range(layers):
+        p = f"/model/layers.{i}"
+        h = node("SimplifiedLayerNormalization", [x, init(f"ln1.{i}", 1 + 0.1 * rng.standard_normal(H))], [f"{p}/ln1/output_0"],
+                 axis=-1, epsilon=1e-6)
+        q, k, v = (node("MatMul", [h, w(f"{r}.{i}", H, H)], [f"{p}/attn/{r}_proj/MatMul/output_0"]) for r in "qkv")
+        q = node("RotaryEmbedding", [q, "position_ids", "cos", "sin"], [f"{p}/attn/q_rotary/output_0"], "com.microsoft", num_heads=heads)
+        k = node("RotaryEmbedding", [k, "position_ids", "cos", "sin"], [f"{p}/attn/k_rotary/output_0"], "com.microsoft", num_heads=heads)
+        nodes.append(helper.make_node("MultiHeadAttention", [q, k, v, "", "", mask], [f"{p}/attn/mha/output_0", f"{p}/pk", f"{p}/pv"],
+                                      name=f"{p}/attn/mha", domain="com.microsoft", num_heads=heads, scale=float(1 / np.sqrt(D))))
+        o = node("MatMul", [f"{p}/attn/mha/output_0", w(f"o.{i}", H, H)], [f"{p}/attn/o_proj/MatMul/output_0"])
+        x = node("Add", [x, o], [f"{p}/res1"])
+        h2 = node("SimplifiedLayerNormalization", [x, init(f"ln2.{i}", 1 + 0.1 * rng.standard_normal(H))], [f"{p}/ln2/output_0"],
+                  axis=-1, epsilon=1e-6)
+        gate = node("MatMul", [h2, w(f"gate.{i}", H, inter)], [f"{p}/mlp/gate_proj/MatMul/output_0"])
+        up = node("MatMul", [h2, w(f"up.{i}", H, inter)], [f"{p}/mlp/up_proj/MatMul/output_0"])
+        a = node("Mul", [gate, node("Sigmoid", [gate], [f"{p}/mlp/sig"])], [f"{p}/mlp/act"])
+        down = node("MatMul", [node("Mul", [a, up], [f"{p}/mlp/mul"]), w(f"down.{i}", inter, H)], [f"{p}/mlp/down_proj/MatMul/output_0"])
+        x = node("Add", [x, down], [f"{p}/res2"])
+    hf = node("SimplifiedLayerNormalization", [x, init("lnf", np.ones(H))], ["/model/norm/output_0"], axis=-1, epsilon=1e-6)
+    node("MatMul", [hf, w("lm_head", H, vocab)], ["logits"])
+    graph = helper.make_graph(nodes, "nibble_mha", [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("logits", et, ["b", "s", vocab])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_multi_head_attention_form_equals_onnx_runtime(nibble, tmp_path, dtype, device):
+    """Every MatMul input and the logits of the MultiHeadAttention form within the engine's bounds of ONNX
+    Runtime's (compare), the second sequence padded: the mask's padding and causality both act."""
+    path = models.save(make_mha_form(dtype), str(tmp_path / "mha.onnx"))
+    rng = np.random.default_rng(9)
+    B, S = 2, 10
+    mask = np.ones((B, S), np.int64)
+    mask[1, 7:] = 0
+    feeds = {"input_ids": rng.integers(0, 96, (B, S)).astype(np.int64), "attention_mask": mask,
+             "position_ids": np.tile(np.arange(S, dtype=np.int64), (B, 1))}
+    errors = compare(nibble, path, feeds, dtype, tmp_path, device)
+    print(f"mha form {dtype} {device}: worst {max(errors.values()):.3g}")
+    assert len(errors) == 2 * 4 + 2  # per layer: q/k/v, o, gate/up, down; lm_head; the logits

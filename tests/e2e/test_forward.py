@@ -297,10 +297,13 @@ def make_genai_like(form: str, dtype: str, H: int = 128, heads: int = 4, kv_head
     nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, skip, gf], ["/model/norm/output_0"],
                                   name="/model/norm", domain="com.microsoft", epsilon=1e-6))
     node("MatMul", ["/model/norm/output_0", w("lm_head", H, vocab)], ["logits"], "/lm_head/MatMul")
-    graph = helper.make_graph(nodes, f"nibble_{form}", [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("logits", et, ["b", "s", vocab])], initializer=inits)
+    return genai_model(nodes, inits, f"nibble_{form}", ["input_ids", "attention_mask"], et, vocab)
+
+
+def genai_model(nodes, inits, name: str, int_inputs: list[str], et: int, vocab: int) -> onnx.ModelProto:
+    """A generated decoder's graph: [b, s] int64 inputs, the logits out."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"]) for n in int_inputs],
+                              [helper.make_tensor_value_info("logits", et, ["b", "s", vocab])], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
                              ir_version=10)
 
@@ -453,13 +456,7 @@ def make_mha_form(dtype: str, H: int = 64, heads: int = 4, inter: int = 96, laye
         x = node("Add", [x, down], [f"{p}/res2"])
     hf = node("SimplifiedLayerNormalization", [x, init("lnf", np.ones(H))], ["/model/norm/output_0"], axis=-1, epsilon=1e-6)
     node("MatMul", [hf, w("lm_head", H, vocab)], ["logits"])
-    graph = helper.make_graph(nodes, "nibble_mha", [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("logits", et, ["b", "s", vocab])], initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-                             ir_version=10)
+    return genai_model(nodes, inits, "nibble_mha", ["input_ids", "attention_mask", "position_ids"], et, vocab)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])

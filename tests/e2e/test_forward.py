@@ -316,6 +316,7 @@ def test_genai_layer_forms_equal_onnx_runtime(nibble, tmp_path, form, dtype, dev
     rng = np.random.default_rng(8)
     feeds = {"input_ids": rng.integers(0, 128, (2, 12)).astype(np.int64), "attention_mask": np.ones((2, 12), np.int64)}
     errors = compare(nibble, path, feeds, dtype, tmp_path, device)
+    print(f"{form} {dtype} {device}: worst {max(errors.values()):.3g}")
     assert len(errors) == 2 * 4 + 2  # per layer: q/k/v (or qkv), o, gate/up, down; lm_head; the logits
 
 

@@ -43,6 +43,10 @@ class GraphRun {
   // Runs nodes [s.next, end). Throws Error (one line) on an unknown operator or bad shapes.
   void advance(State& s, size_t end, const std::set<std::string>& capture, const Capture& on_capture);
   size_t nodes() const { return size_t(model_.proto().graph().node_size()); }
+  const onnx::NodeProto& node(size_t i) const { return model_.proto().graph().node(int(i)); }
+  // Initializer `name` as the operators read it (a substitute where one was given), or null when the
+  // graph has none of that name.
+  const Value* weight(const std::string& name) { return initializer(name); }
   // The index of the node that computes `name`, or nodes() when a graph input or initializer is `name`
   // (Error when nothing does).
   size_t producer(const std::string& name) const;

@@ -1,0 +1,245 @@
+// The operators' vector-Jacobian products (forward/backward.h), host float32. Each recomputes what it
+// needs of its forward (a norm's row deviation, attention's probabilities) from the forward's inputs,
+// the same expressions as the operator in float32; fp16 rounding is passed straight through.
+#include <cblas.h>
+
+#include <cmath>
+
+#include "forward/backward.h"
+#include "forward/broadcast.h"
+#include "forward/matmul.h"
+#include "kernels/forward_math.h"
+#include "kernels/parallel.h"
+
+namespace nibble::forward {
+namespace {
+
+std::vector<Floats> gradients_for(const VjpCall& c) { return std::vector<Floats>(c.fwd.in.size()); }
+
+const float* floats_of(const Value* v, Floats& keep) { return float32_view(v, keep); }
+
+// Where each element of `out` reads `in` under numpy broadcasting (in's rank at most out's).
+std::vector<int64_t> broadcast_sources(const std::vector<int64_t>& out, const std::vector<int64_t>& in) {
+  const size_t r = out.size(), ri = in.size();
+  std::vector<int64_t> stride(r, 0);
+  int64_t acc = 1;
+  for (size_t k = 0; k < ri; ++k) {
+    const size_t d = ri - 1 - k, o = r - 1 - k;
+    stride[o] = in[d] == 1 ? 0 : acc;
+    acc *= in[d];
+  }
+  const int64_t n = numel_of(out);
+  std::vector<int64_t> src(static_cast<size_t>(n));
+  std::vector<int64_t> idx(r, 0);
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    src[size_t(i)] = at;
+    for (size_t k = r; k-- > 0;) {  // the next index, the source offset following it
+      if (++idx[k] < out[k]) {
+        at += stride[k];
+        break;
+      }
+      at -= stride[k] * (out[k] - 1);
+      idx[k] = 0;
+    }
+  }
+  return src;
+}
+
+// d (laid out as `out`) summed into an input of shape `in` (broadcast's reverse), each element times
+// factor(i) when given: in output order, so the sums do not depend on threads.
+Floats reduce_to(const std::vector<int64_t>& out, const std::vector<int64_t>& in, const float* d,
+                 const std::function<float(int64_t)>& factor) {
+  const int64_t n = numel_of(out);
+  Floats g(size_t(numel_of(in)), 0.0f);
+  if (in == out) {
+    parallel_ranges(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) g[size_t(i)] = factor ? d[i] * factor(i) : d[i];
+    });
+    return g;
+  }
+  const std::vector<int64_t> src = broadcast_sources(out, in);
+  for (int64_t i = 0; i < n; ++i) g[size_t(src[size_t(i)])] += factor ? d[i] * factor(i) : d[i];
+  return g;
+}
+
+// Add, Sub, Mul, Div: y = a ∘ b, numpy broadcasting.
+std::vector<Floats> binary(const VjpCall& c, char op) {
+  std::vector<Floats> g = gradients_for(c);
+  const Floats* d = c.d(0);
+  if (!d) return g;
+  const Value& a = c.fwd.need(0);
+  const Value& b = c.fwd.need(1);
+  const auto& shape = c.out[0]->shape;
+  Floats ka, kb;
+  const float* av = floats_of(&a, ka);
+  const float* bv = floats_of(&b, kb);
+  std::vector<int64_t> sa, sb;  // each output element's operands
+  if ((op == '*' || op == '/') && a.shape != shape) sa = broadcast_sources(shape, a.shape);
+  if ((op == '*' || op == '/') && b.shape != shape) sb = broadcast_sources(shape, b.shape);
+  auto A = [&](int64_t i) { return av[sa.empty() ? i : sa[size_t(i)]]; };
+  auto B = [&](int64_t i) { return bv[sb.empty() ? i : sb[size_t(i)]]; };
+  if (c.want(0)) {
+    std::function<float(int64_t)> f;
+    if (op == '*') f = B;
+    if (op == '/') f = [&](int64_t i) { return 1.0f / B(i); };
+    g[0] = reduce_to(shape, a.shape, d->data(), f);
+  }
+  if (c.want(1)) {
+    std::function<float(int64_t)> f;
+    if (op == '-') f = [](int64_t) { return -1.0f; };
+    if (op == '*') f = A;
+    if (op == '/') f = [&](int64_t i) { return -A(i) / (B(i) * B(i)); };
+    g[1] = reduce_to(shape, b.shape, d->data(), f);
+  }
+  return g;
+}
+
+std::vector<Floats> sigmoid(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0) || !c.want(0)) return g;
+  Floats ky;
+  const float* y = floats_of(c.out[0], ky);
+  const float* d = c.d(0)->data();
+  g[0].resize(c.d(0)->size());
+  parallel_ranges(int64_t(g[0].size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) g[0][size_t(i)] = d[i] * y[i] * (1.0f - y[i]);
+  });
+  return g;
+}
+
+std::vector<Floats> pass_through(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (c.d(0) && c.want(0) && c.fwd.need(0).is_float()) g[0] = *c.d(0);
+  return g;
+}
+
+// C[M, N] (+)= Aᵀ B with A [R, M] and B [R, N], row-major: a weight's gradient from its input rows and its
+// output's gradient rows.
+void gemm_tn(const float* A, const float* B, float* C, int64_t R, int64_t M, int64_t N, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(M), int(N), int(R), 1.0f, A, int(M), B, int(N),
+              accumulate ? 1.0f : 0.0f, C, int(N));
+}
+
+// MatMul(A [..., M, K], B [K, N]) or both batched alike ([..., M, K] · [..., K, N]).
+std::vector<Floats> matmul(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  const Floats* d = c.d(0);
+  if (!d) return g;
+  const Value& a = c.fwd.need(0);
+  const Value& b = c.fwd.need(1);
+  if (a.shape.size() < 2 || b.shape.size() < 2) c.fwd.fail("the reverse pass needs 2-D or batched operands");
+  const int64_t K = a.shape.back(), N = b.shape.back();
+  const int64_t M = a.shape[a.shape.size() - 2];
+  const bool weight = b.shape.size() == 2;
+  if (!weight && b.shape.size() != a.shape.size()) c.fwd.fail("the reverse pass needs B 2-D or batched like A");
+  const int64_t batches = weight ? 1 : numel_of(a.shape) / (M * K);
+  const int64_t rows = weight ? numel_of(a.shape) / K : M;  // a weight's product: every row of A at once
+  Floats ka, kb;
+  const float* av = floats_of(&a, ka);
+  const float* bv = floats_of(&b, kb);
+  if (c.want(0)) {
+    g[0].assign(size_t(a.numel()), 0.0f);
+    for (int64_t i = 0; i < batches; ++i)  // dA = dY Bᵀ
+      matmul_parallel(d->data() + i * rows * N, bv + i * K * N, g[0].data() + i * rows * K, rows, N, K,
+                      /*b_transposed=*/true, 0);
+  }
+  if (c.want(1)) {
+    g[1].assign(size_t(b.numel()), 0.0f);
+    for (int64_t i = 0; i < batches; ++i)  // dB = Aᵀ dY
+      gemm_tn(av + i * rows * K, d->data() + i * rows * N, g[1].data() + i * K * N, rows, K, N, false);
+  }
+  return g;
+}
+
+// The gradient of rows y = x / sqrt(mean(x²) + eps) · γ with respect to x, given dy; x as the forward summed
+// it (the skip and bias added).
+void rms_rows(const float* x, const float* gamma, const float* dy, float* dx, int64_t rows, int64_t width, float eps,
+              bool accumulate) {
+  kernels::parallel_for(rows, [&](int64_t r) {
+    const float* xr = x + r * width;
+    const float* dr = dy + r * width;
+    float s2 = 0.0f;
+    for (int64_t j = 0; j < width; ++j) s2 += xr[j] * xr[j];
+    const double inv = 1.0 / std::sqrt(double(s2 / float(width) + eps));
+    double gx = 0.0;
+    for (int64_t j = 0; j < width; ++j) gx += double(dr[j]) * gamma[j] * xr[j];
+    const double k = inv * inv * inv * gx / double(width);
+    for (int64_t j = 0; j < width; ++j) {
+      const float v = float(inv * double(dr[j]) * gamma[j] - k * xr[j]);
+      dx[r * width + j] = accumulate ? dx[r * width + j] + v : v;
+    }
+  });
+}
+
+std::vector<Floats> simplified_norm(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0) || !c.want(0)) return g;
+  const Value& x = c.fwd.need(0);
+  const int64_t width = trailing_width(c.fwd, x);
+  if (width != (x.shape.empty() ? 1 : x.shape.back())) c.fwd.fail("the reverse pass needs the last axis");
+  Floats kx, kg;
+  g[0].resize(size_t(x.numel()));
+  rms_rows(floats_of(&x, kx), floats_of(&c.fwd.need(1), kg), c.d(0)->data(), g[0].data(), x.numel() / width, width,
+           c.fwd.float_attr("epsilon", 1e-5f), false);
+  return g;
+}
+
+// SkipSimplifiedLayerNormalization(input, skip, gamma, bias): y = rms(input + skip + bias) · γ, and output 3
+// the sum itself.
+std::vector<Floats> skip_simplified_norm(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  const Value& x = c.fwd.need(0);
+  const int64_t width = x.shape.empty() ? 1 : x.shape.back(), n = x.numel();
+  Floats sum(size_t(n), 0.0f);
+  if (const Floats* d3 = c.d(3)) sum = *d3;
+  if (c.d(0)) {
+    Floats kx, ks, kb, kg;
+    const float* xv = floats_of(&x, kx);
+    const float* sv = floats_of(&c.fwd.need(1), ks);
+    const float* bias = floats_of(c.fwd.input(3), kb);
+    Floats s(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) s[size_t(i)] = xv[i] + sv[i] + (bias ? bias[i % width] : 0.0f);
+    rms_rows(s.data(), floats_of(&c.fwd.need(2), kg), c.d(0)->data(), sum.data(), n / width, width,
+             c.fwd.float_attr("epsilon", 1e-5f), true);
+  }
+  if (c.want(0)) g[0] = sum;
+  if (c.want(1)) g[1] = sum;
+  if (c.want(3)) {
+    g[3].assign(size_t(width), 0.0f);
+    for (int64_t i = 0; i < n; ++i) g[3][size_t(i % width)] += sum[size_t(i)];
+  }
+  return g;
+}
+
+}  // namespace
+
+std::vector<Floats> group_query_attention_vjp(const VjpCall& c);  // vjp_attention.cc
+
+namespace {
+const std::map<std::string, VjpFn>& table() {
+  static const std::map<std::string, VjpFn> t = {
+      {":MatMul", matmul},
+      {":Add", [](const VjpCall& c) { return binary(c, '+'); }},
+      {":Sub", [](const VjpCall& c) { return binary(c, '-'); }},
+      {":Mul", [](const VjpCall& c) { return binary(c, '*'); }},
+      {":Div", [](const VjpCall& c) { return binary(c, '/'); }},
+      {":Sigmoid", sigmoid},
+      {":Cast", pass_through},
+      {":Identity", pass_through},
+      {":SimplifiedLayerNormalization", simplified_norm},
+      {"com.microsoft:SimplifiedLayerNormalization", simplified_norm},
+      {"com.microsoft:SkipSimplifiedLayerNormalization", skip_simplified_norm},
+      {"com.microsoft:GroupQueryAttention", group_query_attention_vjp},
+  };
+  return t;
+}
+}  // namespace
+
+const VjpFn* find_vjp(const std::string& domain, const std::string& op_type) {
+  const std::string d = domain == "ai.onnx" ? "" : domain;
+  const auto it = table().find(d + ":" + op_type);
+  return it == table().end() ? nullptr : &it->second;
+}
+
+}  // namespace nibble::forward

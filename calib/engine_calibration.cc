@@ -102,6 +102,18 @@ void EngineCalibration::write_feeds() {
   }
 }
 
+std::vector<std::map<std::string, forward::Value>> EngineCalibration::batch_feeds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (feeds_dir_.empty()) write_feeds();
+  std::vector<std::map<std::string, forward::Value>> all;
+  for (Batch& b : batches_) {
+    Batch copy;  // read_batch_feeds sets the batch's token mask: the engine's own batches stay as they are
+    copy.dirs = b.dirs;
+    all.push_back(read_batch_feeds(copy));
+  }
+  return all;
+}
+
 void EngineCalibration::substitute(const std::string& name, forward::Value v) {
   std::lock_guard<std::mutex> lock(mu_);
   graph_->substitute(name, std::move(v));

@@ -41,6 +41,9 @@ class EngineCalibration {
 
   std::unique_ptr<Calibration> measure(const std::vector<Calibration::Request>& acts, bool mask_padding,
                                        const CalibrationExtras& extras);
+  // Every calibration batch's model inputs (joined batches as the engine runs them), for a second engine
+  // over the same model (the layer learner, calib/layer_learning.h).
+  std::vector<std::map<std::string, forward::Value>> batch_feeds();
   // The weight `name` runs as `v` from now on (forward::GraphRun::substitute).
   void substitute(const std::string& name, forward::Value v);
   // A device's copy of weight `name` (its bytes as stored) that a search uploaded, read by the next

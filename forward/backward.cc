@@ -18,8 +18,23 @@ Tape run_taped(GraphRun& g, GraphRun::State& s, size_t end) {
   return t;
 }
 
-std::string segment_without_vjp(const GraphRun& g, size_t begin, size_t end) {
+std::set<size_t> nodes_depending_on(const GraphRun& g, size_t begin, size_t end, const std::set<std::string>& weights) {
+  std::set<std::string> depends(weights.begin(), weights.end());
+  std::set<size_t> nodes;
   for (size_t i = begin; i < end; ++i) {
+    const onnx::NodeProto& n = g.node(i);
+    bool d = false;
+    for (const auto& in : n.input()) d = d || depends.count(in);
+    // A value's shape or size does not change with its elements: nothing after it depends on the weights.
+    if (!d || n.op_type() == "Shape" || n.op_type() == "Size") continue;
+    nodes.insert(i);
+    for (const auto& o : n.output()) depends.insert(o);
+  }
+  return nodes;
+}
+
+std::string segment_without_vjp(const GraphRun& g, size_t begin, size_t end, const std::set<std::string>& weights) {
+  for (size_t i : nodes_depending_on(g, begin, end, weights)) {
     const onnx::NodeProto& n = g.node(i);
     if (!find_vjp(n.domain(), n.op_type()))
       return n.op_type() + " (" + (n.domain().empty() ? "ai.onnx" : n.domain()) + ") at node '" + n.name() + "'";
@@ -46,13 +61,8 @@ std::map<std::string, Floats> backward(GraphRun& g, const Tape& t, std::map<std:
                                        const std::set<std::string>& weights) {
   // The values that depend on a weight: only their gradients are worth computing.
   std::set<std::string> depends(weights.begin(), weights.end());
-  for (size_t i = t.begin; i < t.end; ++i) {
-    const onnx::NodeProto& n = g.node(i);
-    bool d = false;
-    for (const auto& in : n.input()) d = d || depends.count(in);
-    if (d)
-      for (const auto& o : n.output()) depends.insert(o);
-  }
+  for (size_t i : nodes_depending_on(g, t.begin, t.end, weights))
+    for (const auto& o : g.node(i).output()) depends.insert(o);
   std::map<std::string, Floats>& grads = seeds;
   for (size_t i = t.end; i-- > t.begin;) {
     const onnx::NodeProto& n = g.node(i);

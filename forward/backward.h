@@ -50,8 +50,10 @@ struct Tape {
 // Advances s from s.next to `end` (GraphRun::advance), keeping the tape.
 Tape run_taped(GraphRun& g, GraphRun::State& s, size_t end);
 
-// "op_type (domain) at node 'name'" of the first node in [begin, end) without a product, or empty.
-std::string segment_without_vjp(const GraphRun& g, size_t begin, size_t end);
+// The nodes in [begin, end) that read, directly or through other such nodes, one of `weights`.
+std::set<size_t> nodes_depending_on(const GraphRun& g, size_t begin, size_t end, const std::set<std::string>& weights);
+// "op_type (domain) at node 'name'" of the first of those nodes without a product, or empty.
+std::string segment_without_vjp(const GraphRun& g, size_t begin, size_t end, const std::set<std::string>& weights);
 
 // The gradient of the objective with respect to each initializer in `weights` (as many floats as the
 // weight has elements; zero where no path reaches it), given its gradient with respect to some of the

@@ -63,6 +63,9 @@ class GraphRun {
     shared_initializers_.erase(name);
   }
 
+  // The initializer `name` reads from the file again (the substitute dropped).
+  void unsubstitute(const std::string& name) { overrides_.erase(name); }
+
   // Drops the resident pages of every initializer read so far (they come back from the file when read
   // again): the memory-mapped weights would otherwise stay in the process's memory once touched.
   void release_weights();

@@ -3,6 +3,7 @@
 // the same expressions as the operator in float32; fp16 rounding is passed straight through.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "forward/backward.h"
@@ -212,6 +213,159 @@ std::vector<Floats> skip_simplified_norm(const VjpCall& c) {
   return g;
 }
 
+// Split: the outputs' gradients laid side by side along the axis again (zero where none reaches an output).
+std::vector<Floats> split(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.want(0)) return g;
+  const Value& x = c.fwd.need(0);
+  const size_t axis = size_t(normalize_axis(c.fwd, c.fwd.int_attr("axis", 0), x.shape.size()));
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= x.shape[d];
+  for (size_t d = axis + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
+  const int64_t width = x.shape[axis] * inner;
+  g[0].assign(size_t(x.numel()), 0.0f);
+  int64_t at = 0;  // the output's first column along the axis, times inner
+  for (size_t k = 0; k < c.out.size(); ++k) {
+    if (!c.out[k]) continue;
+    const int64_t w = c.out[k]->shape[axis] * inner;
+    if (const Floats* d = c.d(k))
+      for (int64_t o = 0; o < outer; ++o) std::copy_n(d->data() + o * w, w, g[0].data() + o * width + at);
+    at += w;
+  }
+  return g;
+}
+
+// Reshape, Squeeze, Unsqueeze, Flatten, Identity: the same elements in the same order.
+std::vector<Floats> same_elements(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (c.d(0) && c.want(0)) g[0] = *c.d(0);
+  return g;
+}
+
+// Row-major strides of a shape.
+std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
+  return st;
+}
+
+// Transpose: y[i] = x[perm(i)], so dx[perm(i)] = dy[i].
+std::vector<Floats> transpose(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0) || !c.want(0)) return g;
+  const Value& x = c.fwd.need(0);
+  const size_t rank = x.shape.size();
+  std::vector<int64_t> perm = c.fwd.ints_attr("perm");
+  if (perm.empty())
+    for (size_t i = 0; i < rank; ++i) perm.push_back(int64_t(rank - 1 - i));
+  const std::vector<int64_t> xs = strides_of(x.shape);
+  std::vector<int64_t> out_shape(rank), step(rank);  // the output's axis i walks x's axis perm[i]
+  for (size_t i = 0; i < rank; ++i) {
+    const size_t p = size_t(normalize_axis(c.fwd, perm[i], rank));
+    out_shape[i] = x.shape[p];
+    step[i] = xs[p];
+  }
+  g[0].assign(size_t(x.numel()), 0.0f);
+  const float* d = c.d(0)->data();
+  std::vector<int64_t> idx(rank, 0);
+  int64_t at = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    g[0][size_t(at)] = d[i];
+    for (size_t k = rank; k-- > 0;) {
+      if (++idx[k] < out_shape[k]) {
+        at += step[k];
+        break;
+      }
+      at -= step[k] * (out_shape[k] - 1);
+      idx[k] = 0;
+    }
+  }
+  return g;
+}
+
+// ReduceMean, ReduceSum: each input element gets its output's gradient (divided by the count for a mean).
+std::vector<Floats> reduce(const VjpCall& c, bool mean) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0) || !c.want(0)) return g;
+  const Value& x = c.fwd.need(0);
+  const size_t rank = x.shape.size();
+  std::vector<int64_t> axes = c.fwd.input(1) ? to_ints(*c.fwd.input(1)) : c.fwd.ints_attr("axes");
+  std::vector<int64_t> kept = x.shape;  // the output's shape with the reduced axes kept as 1
+  int64_t count = 1;
+  for (size_t i = 0; i < rank; ++i) {
+    const bool r = axes.empty() || std::count_if(axes.begin(), axes.end(), [&](int64_t a) {
+                                     return size_t(normalize_axis(c.fwd, a, rank)) == i;
+                                   }) > 0;
+    if (r) {
+      count *= x.shape[i];
+      kept[i] = 1;
+    }
+  }
+  const std::vector<int64_t> src = broadcast_sources(x.shape, kept);
+  const float k = mean ? 1.0f / float(count) : 1.0f;
+  g[0].resize(size_t(x.numel()));
+  for (int64_t i = 0; i < x.numel(); ++i) g[0][size_t(i)] = (*c.d(0))[size_t(src[size_t(i)])] * k;
+  return g;
+}
+
+// Element-wise y = f(x) with dy/dx from x and y.
+std::vector<Floats> unary(const VjpCall& c, float (*dydx)(float x, float y)) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0) || !c.want(0)) return g;
+  Floats kx, ky;
+  const float* x = floats_of(&c.fwd.need(0), kx);
+  const float* y = floats_of(c.out[0], ky);
+  const float* d = c.d(0)->data();
+  g[0].resize(c.d(0)->size());
+  parallel_ranges(int64_t(g[0].size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) g[0][size_t(i)] = d[i] * dydx(x[i], y[i]);
+  });
+  return g;
+}
+
+// Softmax over one axis (the last, as the engine runs it): dx = y ⊙ (dy − Σ y ⊙ dy) per row.
+std::vector<Floats> softmax(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0) || !c.want(0)) return g;
+  const Value& x = c.fwd.need(0);
+  const size_t axis = size_t(normalize_axis(c.fwd, c.fwd.int_attr("axis", -1), x.shape.size()));
+  if (axis + 1 != x.shape.size()) c.fwd.fail("the reverse pass needs the last axis");
+  const int64_t w = x.shape.back(), rows = x.numel() / w;
+  Floats ky;
+  const float* y = floats_of(c.out[0], ky);
+  const float* d = c.d(0)->data();
+  g[0].resize(size_t(x.numel()));
+  kernels::parallel_for(rows, [&](int64_t r) {
+    double dot = 0.0;
+    for (int64_t j = 0; j < w; ++j) dot += double(y[r * w + j]) * d[r * w + j];
+    for (int64_t j = 0; j < w; ++j) g[0][size_t(r * w + j)] = y[r * w + j] * (d[r * w + j] - float(dot));
+  });
+  return g;
+}
+
+// Concat: each input's slice of the output's gradient.
+std::vector<Floats> concat(const VjpCall& c) {
+  std::vector<Floats> g = gradients_for(c);
+  if (!c.d(0)) return g;
+  const Value& y = *c.out[0];
+  const size_t axis = size_t(normalize_axis(c.fwd, c.fwd.int_attr("axis", 0), y.shape.size()));
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= y.shape[d];
+  for (size_t d = axis + 1; d < y.shape.size(); ++d) inner *= y.shape[d];
+  const int64_t width = y.shape[axis] * inner;
+  int64_t at = 0;
+  for (size_t k = 0; k < c.fwd.in.size(); ++k) {
+    if (!c.fwd.in[k]) continue;
+    const int64_t w = c.fwd.in[k]->shape[axis] * inner;
+    if (c.want(k)) {
+      g[k].resize(size_t(outer * w));
+      for (int64_t o = 0; o < outer; ++o) std::copy_n(c.d(0)->data() + o * width + at, w, g[k].data() + o * w);
+    }
+    at += w;
+  }
+  return g;
+}
+
 }  // namespace
 
 std::vector<Floats> group_query_attention_vjp(const VjpCall& c);  // vjp_attention.cc
@@ -226,7 +380,20 @@ const std::map<std::string, VjpFn>& table() {
       {":Div", [](const VjpCall& c) { return binary(c, '/'); }},
       {":Sigmoid", sigmoid},
       {":Cast", pass_through},
-      {":Identity", pass_through},
+      {":Split", split},
+      {":Reshape", same_elements},
+      {":Squeeze", same_elements},
+      {":Unsqueeze", same_elements},
+      {":Flatten", same_elements},
+      {":Identity", same_elements},
+      {":Transpose", transpose},
+      {":ReduceMean", [](const VjpCall& c) { return reduce(c, true); }},
+      {":ReduceSum", [](const VjpCall& c) { return reduce(c, false); }},
+      {":Sqrt", [](const VjpCall& c) { return unary(c, [](float, float y) { return 0.5f / y; }); }},
+      {":Neg", [](const VjpCall& c) { return unary(c, [](float, float) { return -1.0f; }); }},
+      {":Tanh", [](const VjpCall& c) { return unary(c, [](float, float y) { return 1.0f - y * y; }); }},
+      {":Softmax", softmax},
+      {":Concat", concat},
       {":SimplifiedLayerNormalization", simplified_norm},
       {"com.microsoft:SimplifiedLayerNormalization", simplified_norm},
       {"com.microsoft:SkipSimplifiedLayerNormalization", skip_simplified_norm},

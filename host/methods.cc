@@ -63,6 +63,12 @@ std::vector<Method> table() {
        "awq_gptq, then each weight's rounding learned on the layer's output error through XᵀX (AutoRound's sign "
        "steps on a rounding offset per weight, then greedy single-level moves; never worse than GPTQ's on it).",
        kRtnGrid, /*learned_rounding=*/true},
+      {"awq_learned_layer", Algo::kAwqLearnedLayer, kScales,
+       "ModelOpt has no learned rounding (use --awq_mode nibble)", Format::kDq,
+       "awq_lite's scales and codes, then each weight's rounding and each block's scale learned on its whole "
+       "decoder layer's output against the float model's (AutoRound's sign steps, the gradient from the layer "
+       "engine's reverse pass; layer by layer, on the CPU).",
+       kRtnGrid, /*learned_rounding=*/false, /*learns_layers=*/true},
   };
 }
 
@@ -98,6 +104,7 @@ const char* name_of(ZeroPointPolicy z) {
 const std::vector<MethodFlag>& method_flags() {
   static const auto gptq = [](const Method& m) { return m.measures.gptq; };
   static const auto learned = [](const Method& m) { return m.learned_rounding; };
+  static const auto layers = [](const Method& m) { return m.learns_layers; };
   static const std::vector<MethodFlag> flags = {
       {"gptq_percdamp",
        "GPTQ: dampening added to the diagonal of XᵀX, as a share of its mean (AutoGPTQ's and ONNX Runtime's "
@@ -111,6 +118,12 @@ const std::vector<MethodFlag>& method_flags() {
        &QuantizeOptions::learned_iters, nullptr, nullptr, 0, 100000, learned, "learns no rounding"},
       {"learned_lr", "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0",
        nullptr, &QuantizeOptions::learned_lr, nullptr, 0, 1, learned, "learns no rounding"},
+      {"learned_layer_iters", "awq_learned_layer: sign steps per decoder layer, one calibration batch each",
+       &QuantizeOptions::learned_layer_iters, nullptr, nullptr, 0, 100000, layers, "learns no layer"},
+      {"learned_layer_lr",
+       "awq_learned_layer: the first sign step, in quantization levels (0: 1 / --learned_layer_iters); the steps "
+       "fall linearly to 0",
+       nullptr, &QuantizeOptions::learned_layer_lr, nullptr, 0, 1, layers, "learns no layer"},
   };
   return flags;
 }

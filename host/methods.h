@@ -65,6 +65,9 @@ struct Method {
   // GPTQ's codes refined by learned rounding (host/algo/learned_rounding.h): the --learned_* flags and the
   // report's summary.learned_rounding are its.
   bool learned_rounding = false;
+  // Rounding and block scales learned on each whole decoder layer's output (calib/layer_learning.h): layer
+  // by layer on the layer engine; the --learned_layer_* flags and the report's summary.layer_learning are its.
+  bool learns_layers = false;
   bool calibrates() const { return measures.any(); }
   // Whether it writes zero points, given --use_zero_point (which validate_options refuses for kRefused).
   bool zero_point(bool flag) const { return flag || rounding.zero_point == ZeroPointPolicy::kAlways; }

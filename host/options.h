@@ -15,8 +15,9 @@ namespace nibble {
 
 // One record per value in the method registry (host/methods.h): what each is called, what it calibrates,
 // whether ModelOpt's arithmetic covers it, its default format.
-enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kRtnLsq, kHqq, kAwqLearned };
-constexpr Algo kLastAlgo = Algo::kAwqLearned;  // a new Algo goes after it, and moves it: the registry's test walks 0..last
+enum class Algo { kAwqLite, kAwqClip, kAwqFull, kRtn, kRtnDq, kGptq, kAwqGptq, kRtnSearch, kRtnLsq, kHqq, kAwqLearned,
+                  kAwqLearnedLayer };
+constexpr Algo kLastAlgo = Algo::kAwqLearnedLayer;  // a new Algo goes after it, and moves it: the registry's test walks 0..last
 // Whose arithmetic the algorithms follow (--awq_mode): nibble's own, or ModelOpt 0.47's with its quirks,
 // for bit-exact codes (host/algo/modelopt_compat.h). host/algo/arithmetic.h is where the two part.
 enum class Arithmetic { kNibble, kModelOpt };
@@ -49,6 +50,9 @@ struct QuantizeOptions {
   // awq_learned (host/algo/learned_rounding.h): AutoRound's sign steps and first step size (in levels).
   int learned_iters = 0;
   double learned_lr = 0.005;
+  // awq_learned_layer (calib/layer_learning.h): sign steps per layer and the first step (0: 1 / steps).
+  int learned_layer_iters = 200;
+  double learned_layer_lr = 0;
   bool enable_mixed_quant = false;
   std::string layers_8bit;
   std::optional<int> gather_quantize_axis;  // axis of the [V, H] table the blocks run along; absent: float

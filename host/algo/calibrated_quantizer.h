@@ -9,9 +9,23 @@
 
 namespace nibble {
 
+// A weight as emit will hand it to quantize(): prepared (W ⊙ s, its columns divided where a consumer's 1/s
+// is folded in), with its spec, its AWQ scale and that divisor (either may be null).
+struct GroupWeight {
+  const PlannedWeight* pw = nullptr;
+  kernels::WeightMatrix w;
+  kernels::QuantSpec spec;
+  const std::vector<float>* awq_scale = nullptr;
+  const std::vector<float>* divisor = nullptr;
+};
+
 class CalibratedQuantizer {
  public:
   virtual ~CalibratedQuantizer() = default;
+  // Whether it quantizes the plan's weights together: emit then calls begin_group with all of them, before
+  // the first quantize().
+  virtual bool wants_group() const { return false; }
+  virtual void begin_group(const std::vector<GroupWeight>& /*weights*/) {}
   // Quantizes the weight the pipeline prepared (W, or W ⊙ s where the method searched AWQ scales;
   // awq_scale: that s, or null) into q.
   virtual void quantize(const PlannedWeight& pw, const kernels::WeightMatrix& w, const kernels::QuantSpec& spec,

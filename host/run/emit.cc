@@ -284,6 +284,32 @@ Job take(EmitContext& c, size_t i, Ahead& ahead, bool keep_next) {
   return j;
 }
 
+// Every weight of the plan prepared as take() prepares it, handed to a quantizer that quantizes them together
+// (CalibratedQuantizer::wants_group) before the first is asked for.
+void hand_group(EmitContext& c) {
+  const std::vector<PlannedWeight>& weights = c.planned.plan.weights;
+  std::vector<TensorView> views;
+  std::vector<Prepared> prepared;
+  views.reserve(weights.size());
+  prepared.reserve(weights.size());
+  std::vector<GroupWeight> group;
+  for (const auto& pw : weights) {
+    const onnx::TensorProto* t = c.model.initializer(pw.weight);
+    if (!t) throw Error("weight '" + pw.weight + "' is not an initializer");
+    views.push_back(c.model.view(*t));
+    const auto s = c.scales.find(pw.weight);
+    const auto d = c.column_divisors.find(pw.weight);
+    GroupWeight g{&pw, {}, {}, s == c.scales.end() ? nullptr : &s->second,
+                  d == c.column_divisors.end() ? nullptr : &d->second};
+    prepared.push_back(prepare(c.o, pw, kernels::WeightMatrix{pw.dtype, views.back().data, pw.rows, pw.cols, pw.k_axis, {}},
+                               g.awq_scale, g.divisor, c.zero_point, c.backend));
+    g.w = prepared.back().w;
+    g.spec = prepared.back().spec;
+    group.push_back(g);
+  }
+  c.searched.quantizer->begin_group(group);
+}
+
 // Whether weight i may be quantized on a second thread while the one before it is written: the backend
 // takes calls from two threads, and its quantizer reads nothing the write changes (no search state, no
 // AWQ scale, nothing fed forward).
@@ -393,6 +419,7 @@ Emitted emit_stage(const QuantizeOptions& o, OnnxModel& model, const Planned& pl
     c.column_divisors = place_awq_scales(model, plan, c.scales, rewriter, backend, !o.awqlite_disable_fuse_nodes);
   for (const auto& t : plan.gathers)
     if (!t.tied_to.empty()) rewriter.keep_zero_points_of(t.tied_to);
+  if (searched.quantizer && searched.quantizer->wants_group() && !searched.replay) hand_group(c);
   Progress progress(int64_t(plan.weights.size() + plan.gathers.size()), e.bytes_in, !o.quiet);
   Ahead ahead;
   // The next weight's job and its result, computed on a second thread while this one is written (the

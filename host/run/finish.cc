@@ -6,6 +6,7 @@
 
 #include "calib/capture_server.h"
 #include "calib/engine_calibration.h"
+#include "host/algo/layer_learned.h"
 #include "host/algo/learned_rounding.h"
 #include "host/methods.h"
 #include "host/run/progress.h"
@@ -160,6 +161,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                                              {"weights", l.weights},
                                              {"seconds", l.seconds}};
   }
+  if (method(o.algo).learns_layers) report["summary"]["layer_learning"] = layer_learning_summary();
   if (ledger) report["summary"]["device"] = ledger_to_json(*ledger);
   if (const kernels::DeviceMemoryUse m = backend.device_memory(); m.budget > 0) {
     report["summary"]["device_memory_budget_bytes"] = m.budget;

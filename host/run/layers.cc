@@ -9,6 +9,8 @@
 #include <functional>
 #include <future>
 
+#include "host/algo/layer_learned.h"
+#include "host/methods.h"
 #include "host/run/layer_sensitivity.h"
 #include "host/run/layer_state.h"
 #include "host/run/report.h"
@@ -158,10 +160,23 @@ using PendingCalibration = std::future<std::unique_ptr<Calibration>>;
 
 // One group computed: calibrate it alone (or take what `pending` measured beside the previous group),
 // start the next group's calibration (`start_next`), search, emit; the scales kept for a resumed run.
+// awq_learned_layer's quantizer for group g: its weights learned together where the learner can run their
+// layer backwards, else awq_lite's codes (the log and the report say why).
+std::unique_ptr<CalibratedQuantizer> layer_quantizer(const QuantizeOptions& o, const Plan& plan, size_t g,
+                                                     Calibration& calib, kernels::Backend& backend,
+                                                     LayerLearner& learner) {
+  std::vector<std::string> names;
+  for (const auto& pw : plan.weights) names.push_back(pw.weight);
+  const std::string why = learner.cannot_learn(names);
+  if (!why.empty())
+    spdlog::warn("layer group {}: its rounding is not learned (no reverse pass for {}): awq_lite's codes", g, why);
+  return std::make_unique<LayerLearnedQuantizer>(o, calib, backend, why.empty() ? &learner : nullptr, int(g), why);
+}
+
 Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& planned, const std::vector<size_t>& idx,
                   size_t g, const std::string& groups_file, GraphRewriter& rewriter, kernels::Backend& backend,
                   const std::function<void()>& announce, PendingCalibration& pending,
-                  const std::function<void()>& start_next) {
+                  const std::function<void()>& start_next, LayerLearner* learner) {
   Planned sub = sub_plan(planned, idx);
   Searched s;
   if (!calibrates_after_pick(o)) {  // RTN with the INT8 set chosen: nothing left to measure
@@ -191,6 +206,7 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   announce();  // after the first calibration: bad calibration input fails with its one error line alone
   if (start_next) start_next();
   search_calibrated(o, model, sub, backend, s);
+  if (learner) s.quantizer = layer_quantizer(o, sub.plan, g, *s.calib, backend, *learner);
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
   if (o.feed_quantized && !engine) {  // the next layer's inputs, computed through the quantized layers
@@ -382,6 +398,10 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
                          : engine_shares_backend ? "the layer engine on a device"
                                                  : "it calibrates only for the sensitivity sweep");
   const bool overlap = could_overlap && !o.calibrate_first;
+  std::unique_ptr<LayerLearner> learner;  // awq_learned_layer: its own engine over the calibration batches
+  if (method(o.algo).learns_layers)
+    learner = std::make_unique<LayerLearner>(model.path(), o.calib.layer_engine->batch_feeds(),
+                                             layer_learning_options(o));
   PendingCalibration pending;
   for (size_t g = first; g < groups.size(); ++g) {
     std::function<void()> start_next;
@@ -392,7 +412,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
         });
       };
     add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend, announce, pending,
-                         start_next));
+                         start_next, learner.get()));
     write_checkpoint(o, g + 1, writer, total);
     fs::remove_all(dir / "boundary" / ("g" + std::to_string(g)), ec);  // layer g's inputs: no longer needed
     if (g > 0) drop_effective(o, g - 1);

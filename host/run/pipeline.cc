@@ -118,6 +118,16 @@ void validate_options(const QuantizeOptions& o) {
   if (o.feed_quantized && o.layer_by_layer == LayerMode::kOff)
     throw Error("--feed_quantized feeds the quantized layers forward layer by layer: not with --layer_by_layer off");
   if (o.output_path.empty()) throw Error("--output_path is required");
+  if (const Method& m = method(o.algo); m.learns_layers) {
+    const std::string a = std::string("--algo ") + m.name;
+    if (o.layer_by_layer == LayerMode::kOff)
+      throw Error(a + " learns one decoder layer at a time: not with --layer_by_layer off");
+    if (o.resume)
+      throw Error(a + " --resume: not supported (the learned layers' activations are not checkpointed): run it again "
+                      "with --force");
+    if (o.calib.engine == CalibrationEngine::kOrt)
+      throw Error(a + " runs the layers on nibble's layer engine: not with --calibration_engine ort");
+  }
   if (o.calib.engine == CalibrationEngine::kNative) {
     if (o.arithmetic == Arithmetic::kModelOpt)
       throw Error("--calibration_engine native: --awq_mode modelopt measures ModelOpt's statistics through ONNX "
@@ -161,6 +171,10 @@ int run_quantize(const QuantizeOptions& given) {
   if (needs_calibration(o) && choose_calibration_engine(o) == CalibrationEngine::kNative)
     o.calib.layer_engine = std::make_shared<EngineCalibration>(o.calib, o.onnx_path, *backend);
   const auto& groups = layers.groups;
+  if (const Method& m = method(o.algo); m.learns_layers && (groups.empty() || !o.calib.layer_engine))
+    throw Error(std::string("--algo ") + m.name + " learns each decoder layer on the layer engine: " +
+                (groups.empty() ? "this run takes the whole-model pass (" + layers.why + ")"
+                                : "the engine does not calibrate this run (" + o.calib.engine_fallback + ")"));
   secs.load = lap();
   Searched searched;
   if (groups.empty()) {

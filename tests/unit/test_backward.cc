@@ -129,6 +129,30 @@ TEST(Backward, ElementwiseWithBroadcasting) {
     if (std::string(op) != "Div") check_vjp(node(op, "", 2, 1), {floats({3, 1, 4}, 7), floats({2, 1}, 8)}, {0}, {0, 1});
   }
   check_vjp(node("Sigmoid", "", 1, 1), {floats({5, 7}, 9, 2.0f)}, {0}, {0});
+  onnx::NodeProto sp = node("Split", "", 2, 3);
+  int_attr(sp, "axis", -1);
+  check_vjp(sp, {floats({2, 3, 9}, 15), from_ints(DType::kInt64, {3}, {4, 2, 3})}, {0, 2}, {0});
+}
+
+TEST(Backward, ShapesReductionsAndSoftmax) {
+  onnx::NodeProto t = node("Transpose", "", 1, 1);
+  auto* perm = t.add_attribute();
+  perm->set_name("perm");
+  perm->set_type(onnx::AttributeProto::INTS);
+  for (int64_t p : {1, 2, 0}) perm->add_ints(p);
+  check_vjp(t, {floats({2, 3, 4}, 40)}, {0}, {0});
+  check_vjp(node("Reshape", "", 2, 1), {floats({2, 6}, 41), from_ints(DType::kInt64, {2}, {3, 4})}, {0}, {0});
+  for (const char* op : {"ReduceMean", "ReduceSum"})
+    check_vjp(node(op, "", 2, 1), {floats({2, 3, 4}, 42), from_ints(DType::kInt64, {1}, {-1})}, {0}, {0});
+  Floats pos = random_floats(12, 43);
+  for (float& x : pos) x = 0.5f + std::fabs(x);
+  check_vjp(node("Sqrt", "", 1, 1), {from_floats(DType::kFloat32, {3, 4}, pos)}, {0}, {0}, 1e-3);
+  check_vjp(node("Neg", "", 1, 1), {floats({7}, 44)}, {0}, {0});
+  check_vjp(node("Tanh", "", 1, 1), {floats({7}, 45)}, {0}, {0});
+  check_vjp(node("Softmax", "", 1, 1), {floats({3, 5}, 46)}, {0}, {0});
+  onnx::NodeProto cat = node("Concat", "", 2, 1);
+  int_attr(cat, "axis", 1);
+  check_vjp(cat, {floats({2, 3, 2}, 47), floats({2, 1, 2}, 48)}, {0}, {0, 1});
 }
 
 TEST(Backward, RmsNormsAndTheirSkipSum) {
@@ -244,7 +268,8 @@ TEST(Backward, ATapedSegmentDownToItsWeights) {
     for (size_t i = 0; i < y.size(); ++i) l += double(r[i]) * y[i];
     return l;
   };
-  EXPECT_EQ(segment_without_vjp(run, 0, run.nodes()), "");
+  EXPECT_EQ(segment_without_vjp(run, 0, run.nodes(), {"w1", "w2", "w3"}), "");
+  EXPECT_EQ(nodes_depending_on(run, 0, run.nodes(), {"w3"}), (std::set<size_t>{5, 6}));
   GraphRun::State s = run.start({{"x", x}});
   const Tape t = run_taped(run, s, run.nodes());
   const auto grads = backward(run, t, {{"y", r}}, {"w1", "w2", "w3"});

@@ -1,0 +1,82 @@
+// Rounding learned on each decoder layer's whole output (AutoRound's method, Cheng et al. 2023, on nibble's
+// layer engine): for one layer group at a time, every weight's rounding offsets and block-scale factors
+// (kernels/layer_rounding.h) move by sign steps against the gradient of the layer's output error on the
+// calibration tokens, the gradient coming from the engine's reverse pass (forward/backward.h).
+//
+// The layer's segment runs from its first MatMul to the node after its last; its output is what the nodes
+// after the segment read of the values computed inside it (the residual stream). The objective is the mean
+// squared difference of that output from the float model's on the same calibration batch: the float
+// layer on the float model's activations. Its input: the float model's activations, or with
+// `quantized_inputs` the outputs of the layers already learned (AutoRound's default, which costs a
+// second stream of activations). Where a residual sum joins two output values (the next node an Add or a
+// skip norm reading both), the error is that of their sum.
+//
+// The learner has its own engine over the model and runs the calibration batches itself (host float32).
+// Deterministic for a fixed thread count: the batches' order comes from a seeded generator.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "forward/graph_run.h"
+#include "kernels/quant_types.h"
+#include "loaders/onnx_model.h"
+
+namespace nibble {
+
+struct LayerLearningOptions {
+  int iters = 200;           // sign steps per layer
+  double lr = 0;             // the first step, in levels (0: 1 / iters, AutoRound's default); falls linearly to 0
+  bool quantized_inputs = false;
+  bool quiet = false;
+};
+
+// One of the group's weights, in and out.
+struct LearnedWeight {
+  std::string name;  // the initializer
+  DType dtype = DType::kFloat32;  // the graph's weight type (what the substitute is rounded to)
+  int64_t rows = 0, cols = 0;
+  int k_axis = 0;
+  std::vector<float> w;  // W' = W ⊙ s (/ d) in float32, laid out as the weight
+  std::vector<float> s, divisor;  // AWQ's s (K) and a consumer's divisor (N); empty where none
+  kernels::QuantSpec spec;
+  int scale_dtype = 0;  // kernels::hd's type code of the scales
+  kernels::QuantResult q;  // in: the starting codes, scales, zero points; out: the learned ones
+};
+
+struct LayerLearningStats {
+  double objective_start = 0, objective_end = 0;  // over every calibration batch
+  int64_t codes_moved = 0, weights = 0;
+  bool kept_start = false;  // the learned weights did worse on all the batches than the start: not used
+  double seconds = 0;
+};
+
+class LayerLearner {
+ public:
+  // feeds: the calibration batches' model inputs (EngineCalibration::batch_feeds).
+  LayerLearner(const std::string& model_path, std::vector<std::map<std::string, forward::Value>> feeds,
+               LayerLearningOptions o);
+  ~LayerLearner();
+
+  // Why the group of these initializers cannot be learned here (an operator without a reverse pass, a weight
+  // no MatMul reads), or empty.
+  std::string cannot_learn(const std::vector<std::string>& weights);
+  // Learns the group's weights (each q in and out) and moves the batches past the group. Groups come in
+  // graph order.
+  LayerLearningStats learn(std::vector<LearnedWeight>& weights);
+
+ private:
+  struct Batch;
+  struct Segment {
+    size_t first = 0, end = 0;
+  };
+  Segment segment_of(const std::vector<std::string>& weights) const;
+  std::unique_ptr<OnnxModel> model_;
+  std::unique_ptr<forward::GraphRun> graph_;
+  std::vector<Batch> batches_;
+  LayerLearningOptions o_;
+  int groups_done_ = 0;
+};
+
+}  // namespace nibble

@@ -231,6 +231,10 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
   std::mt19937 rng{static_cast<uint32_t>(groups_done_)};
   std::vector<size_t> order;
   const double lr0 = o_.lr > 0 ? o_.lr : 1.0 / std::max(1, o_.iters);
+  double t_sub = 0, t_fwd = 0, t_bwd = 0, t_step = 0;
+  const auto since = [](std::chrono::steady_clock::time_point a) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
   for (int t = 0; t < o_.iters; ++t) {
     if (order.empty()) {
       for (size_t b = input.size(); b-- > 0;) order.push_back(b);
@@ -238,15 +242,25 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
     }
     const size_t b = order.back();
     order.pop_back();
+    auto ta = std::chrono::steady_clock::now();
     substitute();
+    t_sub += since(ta);
+    ta = std::chrono::steady_clock::now();
     GraphRun::State s = input[b];
     const forward::Tape tape = forward::run_taped(*graph_, s, seg.end);
     std::map<std::string, Floats> seeds;
     objective(out, tape.values, target[b], &seeds);
+    t_fwd += since(ta);
+    ta = std::chrono::steady_clock::now();
     const std::map<std::string, Floats> grads = forward::backward(*graph_, tape, std::move(seeds), wrt);
+    t_bwd += since(ta);
+    ta = std::chrono::steady_clock::now();
     const float size = float(lr0 * (1.0 - double(t) / double(o_.iters)));
     for (Learned& l : learned) step(l, grads.at(l.w->name), size);
+    t_step += since(ta);
   }
+  spdlog::debug("layer learning: {} steps: weights {:.2f} s, forward {:.2f} s, backward {:.2f} s, update {:.2f} s",
+                o_.iters, t_sub, t_fwd, t_bwd, t_step);
   st.objective_end = o_.iters > 0 ? all_batches() : st.objective_start;
   st.kept_start = !(st.objective_end < st.objective_start);
   for (Learned& l : learned) {

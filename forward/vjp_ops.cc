@@ -115,11 +115,21 @@ std::vector<Floats> pass_through(const VjpCall& c) {
   return g;
 }
 
-// C[M, N] (+)= Aᵀ B with A [R, M] and B [R, N], row-major: a weight's gradient from its input rows and its
-// output's gradient rows.
-void gemm_tn(const float* A, const float* B, float* C, int64_t R, int64_t M, int64_t N, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(M), int(N), int(R), 1.0f, A, int(M), B, int(N),
-              accumulate ? 1.0f : 0.0f, C, int(N));
+// C[M, N] = Aᵀ B with A [R, M] and B [R, N], row-major, on the calling thread: a weight's gradient from
+// its input rows and its output's gradient rows.
+void gemm_tn(const float* A, const float* B, float* C, int64_t R, int64_t M, int64_t N, int64_t lda) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(M), int(N), int(R), 1.0f, A, int(lda), B, int(N), 0.0f, C,
+              int(N));
+}
+
+// The same over the threads: row panels of C (columns of A) side by side, each one sgemm, so the sums do
+// not depend on the thread count.
+void gemm_tn_parallel(const float* A, const float* B, float* C, int64_t R, int64_t M, int64_t N) {
+  const int64_t panel = 64, panels = (M + panel - 1) / panel;
+  kernels::parallel_for(panels, [&](int64_t p) {
+    const int64_t m0 = p * panel, m = std::min(panel, M - m0);
+    gemm_tn(A + m0, B, C + m0 * N, R, m, N, M);
+  });
 }
 
 // MatMul(A [..., M, K], B [K, N]) or both batched alike ([..., M, K] · [..., K, N]).
@@ -134,22 +144,21 @@ std::vector<Floats> matmul(const VjpCall& c) {
   const int64_t M = a.shape[a.shape.size() - 2];
   const bool weight = b.shape.size() == 2;
   if (!weight && b.shape.size() != a.shape.size()) c.fwd.fail("the reverse pass needs B 2-D or batched like A");
-  const int64_t batches = weight ? 1 : numel_of(a.shape) / (M * K);
-  const int64_t rows = weight ? numel_of(a.shape) / K : M;  // a weight's product: every row of A at once
   Floats ka, kb;
   const float* av = floats_of(&a, ka);
   const float* bv = floats_of(&b, kb);
-  if (c.want(0)) {
-    g[0].assign(size_t(a.numel()), 0.0f);
-    for (int64_t i = 0; i < batches; ++i)  // dA = dY Bᵀ
-      matmul_parallel(d->data() + i * rows * N, bv + i * K * N, g[0].data() + i * rows * K, rows, N, K,
-                      /*b_transposed=*/true, 0);
+  if (c.want(0)) g[0].assign(size_t(a.numel()), 0.0f);
+  if (c.want(1)) g[1].assign(size_t(b.numel()), 0.0f);
+  if (weight) {  // every row of A at once: dA = dY Bᵀ, dB = Aᵀ dY
+    const int64_t rows = a.numel() / K;
+    if (c.want(0)) matmul_parallel(d->data(), bv, g[0].data(), rows, N, K, /*b_transposed=*/true, 0);
+    if (c.want(1)) gemm_tn_parallel(av, d->data(), g[1].data(), rows, K, N);
+    return g;
   }
-  if (c.want(1)) {
-    g[1].assign(size_t(b.numel()), 0.0f);
-    for (int64_t i = 0; i < batches; ++i)  // dB = Aᵀ dY
-      gemm_tn(av + i * rows * K, d->data() + i * rows * N, g[1].data() + i * K * N, rows, K, N, false);
-  }
+  kernels::parallel_for(a.numel() / (M * K), [&](int64_t i) {  // one product per batch, side by side
+    if (c.want(0)) matmul_blas(d->data() + i * M * N, bv + i * K * N, g[0].data() + i * M * K, M, N, K, true, 0);
+    if (c.want(1)) gemm_tn(av + i * M * K, d->data() + i * M * N, g[1].data() + i * K * N, M, K, N, K);
+  });
   return g;
 }
 

@@ -26,9 +26,11 @@
 namespace nibble {
 
 struct LayerLearningOptions {
-  int iters = 200;           // sign steps per layer
+  int iters = 50;            // sign steps per layer
   double lr = 0;             // the first step, in levels (0: 1 / iters, AutoRound's default); falls linearly to 0
   bool quantized_inputs = false;
+  // Calibration samples per step (0: the batches as the engine joins them, up to 1024 tokens).
+  int samples = 1;
   bool quiet = false;
 };
 
@@ -46,9 +48,10 @@ struct LearnedWeight {
 };
 
 struct LayerLearningStats {
-  double objective_start = 0, objective_end = 0;  // over every calibration batch
+  // Over up to 16 of the steps' batches, spread evenly (all of them where there are no more).
+  double objective_start = 0, objective_end = 0;
   int64_t codes_moved = 0, weights = 0;
-  bool kept_start = false;  // the learned weights did worse on all the batches than the start: not used
+  bool kept_start = false;  // the learned weights did no better there than the start: not used
   double seconds = 0;
 };
 

@@ -118,12 +118,15 @@ const std::vector<MethodFlag>& method_flags() {
        &QuantizeOptions::learned_iters, nullptr, nullptr, 0, 100000, learned, "learns no rounding"},
       {"learned_lr", "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0",
        nullptr, &QuantizeOptions::learned_lr, nullptr, 0, 1, learned, "learns no rounding"},
-      {"learned_layer_iters", "awq_learned_layer: sign steps per decoder layer, one calibration batch each",
+      {"learned_layer_iters", "awq_learned_layer: sign steps per decoder layer, each on --learned_layer_samples calibration samples",
        &QuantizeOptions::learned_layer_iters, nullptr, nullptr, 0, 100000, layers, "learns no layer"},
       {"learned_layer_lr",
        "awq_learned_layer: the first sign step, in quantization levels (0: 1 / --learned_layer_iters); the steps "
        "fall linearly to 0",
        nullptr, &QuantizeOptions::learned_layer_lr, nullptr, 0, 1, layers, "learns no layer"},
+      {"learned_layer_samples",
+       "awq_learned_layer: calibration samples per step (0: as many as the layer engine joins, up to 1024 tokens)",
+       &QuantizeOptions::learned_layer_samples, nullptr, nullptr, 0, 100000, layers, "learns no layer"},
   };
   return flags;
 }

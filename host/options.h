@@ -51,8 +51,9 @@ struct QuantizeOptions {
   int learned_iters = 0;
   double learned_lr = 0.005;
   // awq_learned_layer (calib/layer_learning.h): sign steps per layer and the first step (0: 1 / steps).
-  int learned_layer_iters = 200;
+  int learned_layer_iters = 50;
   double learned_layer_lr = 0;
+  int learned_layer_samples = 1;  // calibration samples per step (0: the engine's joined batches)
   bool enable_mixed_quant = false;
   std::string layers_8bit;
   std::optional<int> gather_quantize_axis;  // axis of the [V, H] table the blocks run along; absent: float

@@ -58,6 +58,7 @@ LayerLearningOptions layer_learning_options(const QuantizeOptions& o) {
   l.iters = o.learned_layer_iters;
   l.lr = o.learned_layer_lr;
   l.quantized_inputs = o.feed_quantized;
+  l.samples = o.learned_layer_samples;
   l.quiet = o.quiet;
   return l;
 }

@@ -34,6 +34,7 @@ nlohmann::json to_json(const Method& m) {
   j["zero_point_why"] = m.rounding.zero_point_why ? nlohmann::json(m.rounding.zero_point_why) : nlohmann::json();
   j["fractional_zero_points"] = m.rounding.fractional_zero_points;
   j["learned_rounding"] = m.learned_rounding;
+  j["learns_layers"] = m.learns_layers;
   return j;
 }
 

@@ -173,12 +173,12 @@ def quantize(onnx_path: "str | Any", calibration_method: str = "awq_lite", calib
     """INT4 weight-only quantization of an ONNX model; returns the quantized onnx.ModelProto.
 
     The arguments are ModelOpt 0.47's (`onnx_path` a path or a ModelProto; `calibration_method`
-    rtn, rtn_dq, awq_lite, awq_clip or awq_full, and nibble's gptq, awq_gptq, awq_learned, rtn_lsq, rtn_search and hqq; `block_size` None =
+    rtn, rtn_dq, awq_lite, awq_clip or awq_full, and nibble's gptq, awq_gptq, awq_learned, awq_learned_layer, rtn_lsq, rtn_search and hqq; `block_size` None =
     128; `nodes_to_exclude` regexes matched at the start of node names), plus `output_path` (write the
     model there; its weights then stay on disk, see the module's documentation). The arithmetic is
     nibble's by default (its searches are more accurate than ModelOpt's); `awq_mode="modelopt"` gives
     ModelOpt's own numbers. `calibration_data_reader` feeds every method that calibrates (awq_*, gptq,
-    awq_gptq, awq_learned, and any method with mixed_strategy="sensitivity"); given to one that does not, it is
+    awq_gptq, awq_learned, awq_learned_layer, and any method with mixed_strategy="sensitivity"); given to one that does not, it is
     unused and a warning says so. `use_external_data_format=False` with output_path writes one
     self-contained .onnx: a model over protobuf's 2 GiB is refused (ValueError) and nothing is written at
     output_path. `input_shapes_profile` only serves TensorRT

@@ -57,6 +57,18 @@ def test_learned_layers_are_nearer_the_float_model(nibble, qwen2, tmp_path):
     assert err["awq_learned_layer"] < err["awq_gptq"]
 
 
+def test_learning_on_the_learned_layers_outputs(nibble, qwen2, tmp_path):
+    """--feed_quantized: each layer learns on the outputs of the layers learned before it (the second layer's
+    inputs then come from the first one's learned weights, which must be read as they were learned)."""
+    rep = quantize(nibble, qwen2, str(tmp_path / "fq"), "awq_learned_layer", "--learned_layer_iters", "100",
+                   "--feed_quantized")
+    quantize(nibble, qwen2, str(tmp_path / "lite"), "awq_lite")
+    s = rep["summary"]["layer_learning"]
+    assert s["layers"] == 2 and s["layers_kept_start"] == 0, s
+    assert 0 < s["objective_learned"] < 0.7 * s["objective_start"], s
+    assert logits_error(qwen2, str(tmp_path / "fq" / "model.onnx")) < logits_error(qwen2, str(tmp_path / "lite" / "model.onnx"))
+
+
 def test_the_emulated_device_writes_the_cpus_bytes(nibble, qwen2, tmp_path):
     data = {}
     for device in ("cpu", "cuda_emulated"):

@@ -24,9 +24,9 @@ def listed(nibble) -> dict[str, dict]:
 def test_json_lists_every_algo_once(nibble, listed):
     r = nibble.run("methods", "--json")
     names = [m["name"] for m in json.loads(r.stdout)["methods"]]
-    assert len(names) == len(set(names)) == 11, names
+    assert len(names) == len(set(names)) == 12, names
     assert set(names) == {"awq_lite", "awq_clip", "awq_full", "rtn", "rtn_dq", "gptq", "awq_gptq", "awq_learned",
-                          "rtn_search", "rtn_lsq", "hqq"}
+                          "rtn_search", "rtn_lsq", "hqq", "awq_learned_layer"}
 
 
 def test_json_content(listed):
@@ -72,6 +72,7 @@ def test_json_lists_rounding_and_formats(nibble, listed):
     assert listed["rtn_lsq"]["quantizer"] == "rtn_lsq" and listed["rtn_lsq"]["zero_point"] == "refused"
     assert listed["awq_lite"]["quantizer"] == "rtn" and listed["awq_lite"]["zero_point"] == "optional"
     assert [n for n, m in listed.items() if m["learned_rounding"]] == ["awq_learned"]
+    assert [n for n, m in listed.items() if m["learns_layers"]] == ["awq_learned_layer"]
     formats = {f["name"]: f for f in json.loads(nibble.run("methods", "--json").stdout)["formats"]}
     assert list(formats) == ["dq", "qdq", "matmulnbits"]
     assert formats["qdq"]["keeps_float_weight"] and not formats["dq"]["keeps_float_weight"]

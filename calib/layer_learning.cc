@@ -199,35 +199,55 @@ Learned learned_of(LearnedWeight& w) {
   return l;
 }
 
+// Every element of a weight with its block, in tiles of columns side by side. Within a tile, blocks
+// in order and a block's rows in order, so a block's sums come out the same on any thread count; a
+// [K, N] weight's tile rows are contiguous. `element(k, n, block, df)` adds to its block's df, which
+// `block_done(k0, n, df)` then receives.
+constexpr int64_t kTile = 64;
+
+template <class Element, class BlockDone>
+void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_done) {
+  const int64_t N = p.N(), K = p.K();
+  kernels::parallel_for((N + kTile - 1) / kTile, [&](int64_t t) {
+    const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
+    lr::Block block[kTile];
+    float df[kTile];
+    for (int64_t k0 = 0; k0 < K; k0 += p.block) {
+      for (int64_t n = n0; n < n1; ++n) block[n - n0] = lr::block_of(p, p.param(k0, n)), df[n - n0] = 0.0f;
+      const int64_t k1 = std::min(K, k0 + p.block);
+      for (int64_t k = k0; k < k1; ++k)
+        for (int64_t n = n0; n < n1; ++n) element(k, n, block[n - n0], df[n - n0]);
+      for (int64_t n = n0; n < n1; ++n) block_done(k0, n, df[n - n0]);
+    }
+  });
+}
+
 // The graph's weight from the current parameters.
 Value graph_weight(const Learned& l) {
   const lr::Weight& p = l.p;
   Floats x(l.v.size());
-  kernels::parallel_for(p.N(), [&](int64_t n) {
-    for (int64_t k = 0; k < p.K(); ++k) x[size_t(p.index(k, n))] = lr::graph_element(p, k, n);
-  });
+  sweep(
+      p, [&](int64_t k, int64_t n, const lr::Block& b, float&) { x[size_t(p.index(k, n))] = lr::graph_element(p, k, n, b); },
+      [](int64_t, int64_t, float) {});
   return forward::from_floats(l.w->dtype, {p.rows, p.cols}, std::move(x));
 }
 
-// One sign step of every offset and scale factor against the gradient g of the graph's weight. Columns run
-// side by side; within one, elements and blocks in order (the same result on any thread count).
+// One sign step of every offset and scale factor against the gradient g of the graph's weight.
 void step(Learned& l, const Floats& g, float size) {
   lr::Weight& p = l.p;
-  kernels::parallel_for(p.N(), [&](int64_t n) {
-    for (int64_t k0 = 0; k0 < p.K(); k0 += p.block) {
-      float df = 0.0f;
-      const int64_t k1 = std::min(p.K(), k0 + p.block);
-      for (int64_t k = k0; k < k1; ++k) {
+  sweep(
+      p,
+      [&](int64_t k, int64_t n, const lr::Block& b, float& df) {
+        const int64_t i = p.index(k, n);
         float dv, share;
-        lr::element_gradients(p, k, n, g[size_t(p.index(k, n))], &dv, &share);
+        lr::element_gradients(p, k, n, b, g[size_t(i)], &dv, &share);
         df += share;
-        float& v = p.v[p.index(k, n)];
-        v = lr::sign_step(v, dv, size, lr::kOffsetRange);
-      }
-      float& f = p.f[p.param(k0, n)];
-      f = lr::sign_step(f, df, size, lr::kScaleRange);
-    }
-  });
+        p.v[i] = lr::sign_step(p.v[i], dv, size, lr::kOffsetRange);
+      },
+      [&](int64_t k0, int64_t n, float df) {
+        float& f = p.f[p.param(k0, n)];
+        f = lr::sign_step(f, df, size, lr::kScaleRange);
+      });
 }
 
 }  // namespace
@@ -326,7 +346,7 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
     for (int64_t n = 0; n < l.p.N(); ++n)
       for (int64_t k = 0; k < l.p.K(); ++k) {
         const size_t i = size_t(l.p.index(k, n));
-        const uint8_t c = lr::code_of(l.p, k, n);
+        const uint8_t c = lr::code_of(l.p, k, n, lr::block_of(l.p, l.p.param(k, n)));
         st.codes_moved += c != w.q.codes[i];
         w.q.codes[i] = c;
         const int64_t pi = l.p.param(k, n);

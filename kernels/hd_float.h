@@ -27,7 +27,13 @@ NIBBLE_HD inline float rint(float x) {
 #ifdef __CUDA_ARCH__
   return rintf(x);
 #else
-  return std::nearbyint(x);
+  // Inline rather than libm's call (it sits in per-element loops): below 2^23 adding and taking away 2^23
+  // rounds to an integer, half to even, in the default mode; larger values, inf and NaN are integers or
+  // pass as they are; the sign restores -0 for negative values that round to zero, as nearbyint does.
+  const float a = bits_f32(f32_bits(x) & 0x7fffffffu);
+  if (!(a < 8388608.0f)) return x;
+  const float r = (a + 8388608.0f) - 8388608.0f;
+  return bits_f32(f32_bits(r) | (f32_bits(x) & 0x80000000u));
 #endif
 }
 NIBBLE_HD inline float fabs(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }

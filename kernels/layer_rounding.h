@@ -59,46 +59,53 @@ NIBBLE_HD inline float scale_of(const Weight& p, int64_t param) {
   return hd::round_to(p.scale_dtype, p.scale0[param] * (1.0f + p.f[param]));
 }
 
+// What an element's math reads of its block, taken once per block.
+struct Block {
+  float scale = 1.0f;   // the current scale (scale_of)
+  float scale0 = 1.0f;  // the starting one
+  float zero = 0.0f;
+};
+
+NIBBLE_HD inline Block block_of(const Weight& p, int64_t param) {
+  return Block{scale_of(p, param), p.scale0[param], p.zero(param)};
+}
+
 // Element (k, n)'s level with its offset, and whether the clamp held it (then no gradient reaches v).
-NIBBLE_HD inline float level_of(const Weight& p, int64_t k, int64_t n, float scale, bool* clamped) {
+NIBBLE_HD inline float level_of(const Weight& p, int64_t k, int64_t n, const Block& b, bool* clamped) {
   const int64_t i = p.index(k, n);
-  const float x = hd::rint(p.w[i] / scale + p.zero(p.param(k, n)) + p.v[i]);
+  const float x = hd::rint(p.w[i] / b.scale + b.zero + p.v[i]);
   *clamped = x < p.lowest() || x > p.highest();
   return x < p.lowest() ? p.lowest() : (x > p.highest() ? p.highest() : x);
 }
 
 // The graph's element (k, n): ŵ / s_k · d_n.
-NIBBLE_HD inline float graph_element(const Weight& p, int64_t k, int64_t n) {
-  const int64_t pi = p.param(k, n);
-  const float scale = scale_of(p, pi);
+NIBBLE_HD inline float graph_element(const Weight& p, int64_t k, int64_t n, const Block& b) {
   bool clamped;
-  const float level = level_of(p, k, n, scale, &clamped);
-  return (level - p.zero(pi)) * scale * p.graph_factor(k, n);
+  const float level = level_of(p, k, n, b, &clamped);
+  return (level - b.zero) * b.scale * p.graph_factor(k, n);
 }
 
 // ∂L/∂v of element (k, n) and its share of ∂L/∂f of its block, from g = ∂L/∂(graph element).
-NIBBLE_HD inline void element_gradients(const Weight& p, int64_t k, int64_t n, float g, float* dv, float* df_share) {
-  const int64_t pi = p.param(k, n);
-  const float scale = scale_of(p, pi);
+NIBBLE_HD inline void element_gradients(const Weight& p, int64_t k, int64_t n, const Block& b, float g, float* dv,
+                                        float* df_share) {
   bool clamped;
-  const float level = level_of(p, k, n, scale, &clamped);
+  const float level = level_of(p, k, n, b, &clamped);
   const float gw = g * p.graph_factor(k, n);  // ∂L/∂ŵ
-  *dv = clamped ? 0.0f : gw * scale;
-  const float u = clamped ? 0.0f : p.w[p.index(k, n)] / scale;
-  *df_share = gw * p.scale0[pi] * (level - p.zero(pi) - u);
+  *dv = clamped ? 0.0f : gw * b.scale;
+  const float u = clamped ? 0.0f : p.w[p.index(k, n)] / b.scale;
+  *df_share = gw * b.scale0 * (level - b.zero - u);
 }
 
 // One sign step of `step` against the gradient, kept within ±range.
 NIBBLE_HD inline float sign_step(float x, float grad, float step, float range) {
-  if (grad > 0.0f) x -= step;
-  if (grad < 0.0f) x += step;
+  x -= step * float(int(grad > 0.0f) - int(grad < 0.0f));  // no branch: the signs are random
   return x < -range ? -range : (x > range ? range : x);
 }
 
-// The final code of element (k, n) (the level as the writers store it) and its block's scale.
-NIBBLE_HD inline uint8_t code_of(const Weight& p, int64_t k, int64_t n) {
+// The final code of element (k, n) (the level as the writers store it).
+NIBBLE_HD inline uint8_t code_of(const Weight& p, int64_t k, int64_t n, const Block& b) {
   bool clamped;
-  const float level = level_of(p, k, n, scale_of(p, p.param(k, n)), &clamped);
+  const float level = level_of(p, k, n, b, &clamped);
   return p.zero_point ? uint8_t(int(level)) : uint8_t(int8_t(int(level)));
 }
 

@@ -44,9 +44,6 @@ void warn_inert_flags(const QuantizeOptions& o) {
     spdlog::warn("--gather_block_size {}: no effect without --gather_quantize_axis (as in ModelOpt, the axis "
                  "turns Gather quantization on): embeddings stay float", o.gather_block_size);
   warn_inert_arithmetic_flags(o);
-  if (o.feed_quantized && method(o.algo).learns_layers)
-    spdlog::warn("--feed_quantized: no effect: --algo {} always calibrates and learns each layer on the learned "
-                 "layers' outputs", name_of(o.algo));
   for (const MethodFlag& f : method_flags())
     if (!f.read_by(method(o.algo)) && flag_given(f, o)) {
       const std::string readers = method_names(f.read_by);
@@ -148,9 +145,6 @@ int run_quantize(const QuantizeOptions& given) {
   validate_options(given);
   warn_inert_flags(given);
   QuantizeOptions o = given;  // with the layer engine opened, when it calibrates
-  // Learned on the learned layers' outputs (AutoRound's way): 43% of awq_gptq's gap to the float model
-  // closed on SmolLM2 against 31% on the float model's activations (docs/status.md).
-  if (method(o.algo).learns_layers) o.feed_quantized = true;
   kernels::set_num_threads(o.threads);
   std::string why;
   kernels::BackendOptions bopt;

@@ -10,9 +10,7 @@
 #include <set>
 
 #include "forward/backward.h"
-#include "kernels/hd_float.h"
 #include "kernels/layer_rounding.h"
-#include "kernels/parallel.h"
 #include "loaders/error.h"
 
 namespace nibble {
@@ -66,8 +64,8 @@ std::vector<std::map<std::string, Value>> regroup(const std::vector<std::map<std
 }  // namespace
 
 LayerLearner::LayerLearner(const std::string& model_path, std::vector<std::map<std::string, Value>> feeds,
-                           LayerLearningOptions o)
-    : model_(OnnxModel::load(model_path)), graph_(std::make_unique<GraphRun>(*model_)), o_(o) {
+                           kernels::Backend& backend, LayerLearningOptions o)
+    : model_(OnnxModel::load(model_path)), graph_(std::make_unique<GraphRun>(*model_)), backend_(backend), o_(o) {
   if (feeds.empty()) throw Error("layer learning: no calibration batches");
   feeds = regroup(feeds, o_.samples);
   for (auto& f : feeds) {
@@ -176,15 +174,19 @@ double objective(const Output& out, const std::map<std::string, Value>& values, 
   return loss;
 }
 
-// A weight's learned parameters beside its problem.
+// A weight's learned parameters: on the backend while it learns (its problem uploaded once), then on the
+// host (v, f) for the codes.
 struct Learned {
   LearnedWeight* w;
   std::vector<float> v, f;
-  lr::Weight p;
+  lr::Weight p;  // over the host arrays
+  kernels::LayerRoundProblem problem;
+  kernels::LayerRoundParams x;
 };
 
-Learned learned_of(LearnedWeight& w) {
-  Learned l{&w, std::vector<float>(w.w.size(), 0.0f), std::vector<float>(w.q.scales.size(), 0.0f), {}};
+Learned learned_of(LearnedWeight& w, kernels::Backend& backend) {
+  using kernels::host_view;
+  Learned l{&w, std::vector<float>(w.w.size(), 0.0f), std::vector<float>(w.q.scales.size(), 0.0f), {}, {}, {}};
   lr::Weight& p = l.p;
   p.rows = w.rows, p.cols = w.cols, p.k_axis = w.k_axis;
   p.block = w.spec.block, p.bits = w.spec.bits, p.zero_point = w.spec.zero_point;
@@ -196,58 +198,42 @@ Learned learned_of(LearnedWeight& w) {
   p.divisor = w.divisor.empty() ? nullptr : w.divisor.data();
   p.v = l.v.data();
   p.f = l.f.data();
+  kernels::LayerRoundProblem& q = l.problem;
+  q.rows = w.rows, q.cols = w.cols, q.k_axis = w.k_axis, q.block = w.spec.block, q.bits = w.spec.bits;
+  q.zero_point = w.spec.zero_point, q.scale_dtype = w.scale_dtype;
+  const auto up = [&](DType t, int64_t n, const void* data) {
+    return n ? backend.upload(host_view(t, {n}, data)) : kernels::Tensor{};
+  };
+  q.w = backend.upload(host_view(DType::kFloat32, {w.rows, w.cols}, w.w.data()));
+  q.scale0 = up(DType::kFloat32, int64_t(w.q.scales.size()), w.q.scales.data());
+  if (w.spec.zero_point) q.zero_points = up(DType::kUInt8, int64_t(w.q.zero_points.size()), w.q.zero_points.data());
+  q.s = up(DType::kFloat32, int64_t(w.s.size()), w.s.data());
+  q.divisor = up(DType::kFloat32, int64_t(w.divisor.size()), w.divisor.data());
+  l.x = {host_view(DType::kFloat32, {w.rows, w.cols}, l.v.data()),
+         host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data())};
   return l;
 }
 
-// Every element of a weight with its block, in tiles of columns side by side. Within a tile, blocks
-// in order and a block's rows in order, so a block's sums come out the same on any thread count; a
-// [K, N] weight's tile rows are contiguous. `element(k, n, block, df)` adds to its block's df, which
-// `block_done(k0, n, df)` then receives.
-constexpr int64_t kTile = 64;
-
-template <class Element, class BlockDone>
-void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_done) {
-  const int64_t N = p.N(), K = p.K();
-  kernels::parallel_for((N + kTile - 1) / kTile, [&](int64_t t) {
-    const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
-    lr::Block block[kTile];
-    float df[kTile];
-    for (int64_t k0 = 0; k0 < K; k0 += p.block) {
-      for (int64_t n = n0; n < n1; ++n) block[n - n0] = lr::block_of(p, p.param(k0, n)), df[n - n0] = 0.0f;
-      const int64_t k1 = std::min(K, k0 + p.block);
-      for (int64_t k = k0; k < k1; ++k)
-        for (int64_t n = n0; n < n1; ++n) element(k, n, block[n - n0], df[n - n0]);
-      for (int64_t n = n0; n < n1; ++n) block_done(k0, n, df[n - n0]);
-    }
-  });
+// A float32 tensor's values as Floats (the CPU's host data read in place, a device's downloaded).
+Floats floats_of(kernels::Backend& backend, const kernels::Tensor& t) {
+  if (t.data) return Floats(t.f32(), t.f32() + t.elements());
+  const std::vector<uint8_t> raw = backend.download(t);
+  Floats v(raw.size() / sizeof(float));
+  std::memcpy(v.data(), raw.data(), raw.size());
+  return v;
 }
 
 // The graph's weight from the current parameters.
-Value graph_weight(const Learned& l) {
-  const lr::Weight& p = l.p;
-  Floats x(l.v.size());
-  sweep(
-      p, [&](int64_t k, int64_t n, const lr::Block& b, float&) { x[size_t(p.index(k, n))] = lr::graph_element(p, k, n, b); },
-      [](int64_t, int64_t, float) {});
-  return forward::from_floats(l.w->dtype, {p.rows, p.cols}, std::move(x));
+Value graph_weight(const Learned& l, kernels::Backend& backend) {
+  return forward::from_floats(l.w->dtype, {l.p.rows, l.p.cols},
+                              floats_of(backend, backend.layer_round_weight(l.problem, l.x)));
 }
 
-// One sign step of every offset and scale factor against the gradient g of the graph's weight.
-void step(Learned& l, const Floats& g, float size) {
-  lr::Weight& p = l.p;
-  sweep(
-      p,
-      [&](int64_t k, int64_t n, const lr::Block& b, float& df) {
-        const int64_t i = p.index(k, n);
-        float dv, share;
-        lr::element_gradients(p, k, n, b, g[size_t(i)], &dv, &share);
-        df += share;
-        p.v[i] = lr::sign_step(p.v[i], dv, size, lr::kOffsetRange);
-      },
-      [&](int64_t k0, int64_t n, float df) {
-        float& f = p.f[p.param(k0, n)];
-        f = lr::sign_step(f, df, size, lr::kScaleRange);
-      });
+// The parameters back on the host, into v and f (what l.p reads).
+void to_host(Learned& l, kernels::Backend& backend) {
+  const Floats v = floats_of(backend, l.x.v), f = floats_of(backend, l.x.f);
+  std::copy(v.begin(), v.end(), l.v.begin());
+  std::copy(f.begin(), f.end(), l.f.begin());
 }
 
 }  // namespace
@@ -270,9 +256,9 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
     target.push_back(targets_of(out, b.fl.live));
   }
   std::vector<Learned> learned;
-  for (auto& w : weights) learned.push_back(learned_of(w));
+  for (auto& w : weights) learned.push_back(learned_of(w, backend_));
   const auto substitute = [&] {
-    for (const Learned& l : learned) graph_->substitute(l.w->name, graph_weight(l));
+    for (const Learned& l : learned) graph_->substitute(l.w->name, graph_weight(l, backend_));
   };
   // The objective before and after, over at most kGuardBatches batches spread evenly over them (each
   // pass is a forward of the layer: over all 64 of SmolLM2's samples, a quarter of the learning's time).
@@ -321,18 +307,25 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
     t_bwd += since(ta);
     ta = std::chrono::steady_clock::now();
     const float size = float(lr0 * (1.0 - double(t) / double(o_.iters)));
-    for (Learned& l : learned) step(l, grads.at(l.w->name), size);
+    for (Learned& l : learned) {
+      const Floats& g = grads.at(l.w->name);
+      l.x = backend_.layer_round_step(l.problem, l.x, kernels::host_view(DType::kFloat32, {l.p.rows, l.p.cols}, g.data()),
+                                      size);
+    }
     t_step += since(ta);
   }
   spdlog::debug("layer learning: {} steps: weights {:.2f} s, forward {:.2f} s, backward {:.2f} s, update {:.2f} s",
                 o_.iters, t_sub, t_fwd, t_bwd, t_step);
   st.objective_end = o_.iters > 0 ? all_batches() : st.objective_start;
   st.kept_start = !(st.objective_end < st.objective_start);
-  if (st.kept_start)
-    for (Learned& l : learned) {
-      std::fill(l.v.begin(), l.v.end(), 0.0f);
-      std::fill(l.f.begin(), l.f.end(), 0.0f);
+  for (Learned& l : learned) {
+    if (st.kept_start) {  // the start again (zero offsets and factors, on the host)
+      l.x = {kernels::host_view(DType::kFloat32, {l.p.rows, l.p.cols}, l.v.data()),
+             kernels::host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data())};
+    } else {
+      to_host(l, backend_);
     }
+  }
   if (o_.quantized_inputs) {  // the learned layer's outputs: the next layer's inputs (before q's scales move)
     substitute();
     for (Batch& b : batches_) graph_->advance(b.qu, seg.end, {}, {});

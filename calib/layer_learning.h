@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "forward/graph_run.h"
+#include "kernels/backend.h"
 #include "kernels/quant_types.h"
 #include "loaders/onnx_model.h"
 
@@ -57,9 +58,11 @@ struct LayerLearningStats {
 
 class LayerLearner {
  public:
-  // feeds: the calibration batches' model inputs (EngineCalibration::batch_feeds).
+  // feeds: the calibration batches' model inputs (EngineCalibration::batch_feeds). The offsets and scale
+  // factors live on `backend` and move there (layer_round_weight, layer_round_step); the forward and the
+  // reverse pass run on the host.
   LayerLearner(const std::string& model_path, std::vector<std::map<std::string, forward::Value>> feeds,
-               LayerLearningOptions o);
+               kernels::Backend& backend, LayerLearningOptions o);
   ~LayerLearner();
 
   // Why the group of these initializers cannot be learned here (an operator without a reverse pass, a weight
@@ -78,6 +81,7 @@ class LayerLearner {
   std::unique_ptr<OnnxModel> model_;
   std::unique_ptr<forward::GraphRun> graph_;
   std::vector<Batch> batches_;
+  kernels::Backend& backend_;
   LayerLearningOptions o_;
   int groups_done_ = 0;
 };

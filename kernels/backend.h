@@ -138,6 +138,32 @@ struct LearnedRoundingStats {
   int64_t moved = 0;
 };
 
+// One weight's rounding learned on its whole decoder layer (layer_round_weight, layer_round_step; the
+// element math in kernels/layer_rounding.h). Its layout and starting point: tensors of host data or this
+// backend's uploads, put there once per layer and read at every step.
+struct LayerRoundProblem {
+  int64_t rows = 0, cols = 0;
+  int k_axis = 0;
+  int64_t block = 128;
+  int bits = 4;
+  bool zero_point = false;
+  int scale_dtype = 1;  // kernels/hd_float.h's code of the scales' type (float32)
+  Tensor w;             // W' = W ⊙ s (/ d), float32 in the stored layout
+  Tensor scale0;        // the starting block scales, float32, laid out as QuantResult's
+  Tensor zero_points;   // uint8, laid out as the scales (zero_point); else empty
+  Tensor s;             // AWQ's s, float32 [K]; empty: none
+  Tensor divisor;       // a consumer's divisor, float32 [N]; empty: none
+  int64_t K() const { return k_axis == 0 ? rows : cols; }
+  int64_t N() const { return k_axis == 0 ? cols : rows; }
+  int64_t G() const { return (K() + block - 1) / block; }
+};
+
+// The parameters learned: offsets v (float32, laid out as the weight) and scale factors f (float32, as the
+// scales), where an operation left them.
+struct LayerRoundParams {
+  Tensor v, f;
+};
+
 // How rtn_lsq weighs each element's squared error when it fits and chooses a block's scale:
 // uniformly, by x² (llama.cpp's make_qx_quants), or by rms(block) + |x| (its make_qkx2_quants use).
 enum class FitWeight { kUniform, kSquare, kMagnitude };

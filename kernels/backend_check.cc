@@ -73,12 +73,14 @@ std::vector<OpCheck> check_backend_statistics(Backend& ref, Backend& b, const st
 std::vector<OpCheck> check_backend_forward(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_ops_part1(Backend& ref, Backend& b, const std::vector<Case>& cs);
 std::vector<OpCheck> check_backend_ops_part2(Backend& ref, Backend& b, const std::vector<Case>& cs);
+std::vector<OpCheck> check_backend_layer_round(Backend& ref, Backend& b, const std::vector<Case>& cs);
 
 std::vector<OpCheck> check_backend_ops(Backend& b) {
   auto ref = make_reference_backend();
   const std::vector<Case> cs = check::cases();
   std::vector<OpCheck> out = check_backend_tensors(*ref, b, cs);
-  for (auto* part : {&check_backend_statistics, &check_backend_forward, &check_backend_ops_part1, &check_backend_ops_part2})
+  for (auto* part : {&check_backend_statistics, &check_backend_forward, &check_backend_ops_part1, &check_backend_ops_part2,
+                     &check_backend_layer_round})
     for (OpCheck& c : part(*ref, b, cs)) out.push_back(std::move(c));
   return out;
 }

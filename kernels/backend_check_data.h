@@ -38,6 +38,13 @@ std::vector<Case> cases();
 Weight make_weight(const Case& c, uint32_t seed);
 // G = XᵀX (float64, K x K) of T random token rows, channel scales uneven.
 std::vector<double> gram(int64_t T, int64_t K, uint32_t seed);
+// A float32 tensor's values on the host (downloaded from backend b).
+inline std::vector<float> floats_of(Backend& b, const Tensor& t) {
+  const std::vector<uint8_t> raw = b.download(t);
+  std::vector<float> v(raw.size() / sizeof(float));
+  std::memcpy(v.data(), raw.data(), raw.size());
+  return v;
+}
 // Positive values in [lo, hi).
 std::vector<float> positive(int64_t n, float lo, float hi, uint32_t seed);
 

@@ -16,14 +16,9 @@ namespace nibble::kernels {
 namespace {
 
 using check::Case;
+using check::floats_of;
 using check::same;
 
-std::vector<float> floats_of(Backend& b, const Tensor& t) {
-  const std::vector<uint8_t> raw = b.download(t);
-  std::vector<float> v(raw.size() / sizeof(float));
-  std::memcpy(v.data(), raw.data(), raw.size());
-  return v;
-}
 
 std::vector<float> normal(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);

@@ -102,6 +102,30 @@ NIBBLE_HD inline float sign_step(float x, float grad, float step, float range) {
   return x < -range ? -range : (x > range ? range : x);
 }
 
+// Block column (g, n) of the graph's weight into `out` (laid out as the weight).
+NIBBLE_HD inline void weight_block(const Weight& p, int64_t g, int64_t n, float* out) {
+  const int64_t k0 = g * p.block, k1 = k0 + p.block < p.K() ? k0 + p.block : p.K();
+  const Block b = block_of(p, p.param(k0, n));
+  for (int64_t k = k0; k < k1; ++k) out[p.index(k, n)] = graph_element(p, k, n, b);
+}
+
+// One sign step of block column (g, n) in place: each offset against its gradient (grad: ∂L/∂ the graph's
+// weight, laid out as it), then the block's factor against its elements' shares summed in k order.
+NIBBLE_HD inline void step_block(const Weight& p, int64_t g, int64_t n, const float* grad, float size) {
+  const int64_t k0 = g * p.block, k1 = k0 + p.block < p.K() ? k0 + p.block : p.K();
+  const int64_t pi = p.param(k0, n);
+  const Block b = block_of(p, pi);
+  float df = 0.0f;
+  for (int64_t k = k0; k < k1; ++k) {
+    const int64_t i = p.index(k, n);
+    float dv, share;
+    element_gradients(p, k, n, b, grad[i], &dv, &share);
+    df += share;
+    p.v[i] = sign_step(p.v[i], dv, size, kOffsetRange);
+  }
+  p.f[pi] = sign_step(p.f[pi], df, size, kScaleRange);
+}
+
 // The final code of element (k, n) (the level as the writers store it).
 NIBBLE_HD inline uint8_t code_of(const Weight& p, int64_t k, int64_t n, const Block& b) {
   bool clamped;

@@ -400,7 +400,7 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
   const bool overlap = could_overlap && !o.calibrate_first;
   std::unique_ptr<LayerLearner> learner;  // awq_learned_layer: its own engine over the calibration batches
   if (method(o.algo).learns_layers)
-    learner = std::make_unique<LayerLearner>(model.path(), o.calib.layer_engine->batch_feeds(),
+    learner = std::make_unique<LayerLearner>(model.path(), o.calib.layer_engine->batch_feeds(), backend,
                                              layer_learning_options(o));
   PendingCalibration pending;
   for (size_t g = first; g < groups.size(); ++g) {

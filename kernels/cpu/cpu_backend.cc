@@ -14,6 +14,7 @@
 #include "kernels/cpu/forward_ref.h"
 #include "kernels/cpu/gptq_fast.h"
 #include "kernels/cpu/gptq_ref.h"
+#include "kernels/cpu/layer_rounding_cpu.h"
 #include "kernels/cpu/learned_rounding_cpu.h"
 #include "kernels/cpu/rtn_fast.h"
 #include "kernels/cpu/rtn_lsq_fast.h"
@@ -98,6 +99,13 @@ class CpuBackend final : public CpuCommon {
                                         const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
     return learned_rounding_fast(w, spec, host_f64(gram, "learned_rounding"), inv_s, opt, q);
   }
+  Tensor layer_round_weight(const LayerRoundProblem& p, const LayerRoundParams& x) override {
+    return layer_round_weight_fast(p, x);
+  }
+  LayerRoundParams layer_round_step(const LayerRoundProblem& p, const LayerRoundParams& x, const Tensor& g,
+                                    float size) override {
+    return layer_round_step_fast(p, x, g, size);
+  }
   Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return forward_matmul_with(x, w, w_transposed, forward_matmul_sgemm);
   }
@@ -150,6 +158,13 @@ class ReferenceBackend final : public CpuCommon {
   LearnedRoundingStats learned_rounding(const WeightMatrix& w, const QuantSpec& spec, const Tensor& gram,
                                         const float* inv_s, const LearnedRoundingOptions& opt, QuantResult& q) override {
     return learned_rounding_ref(w, spec, host_f64(gram, "learned_rounding"), inv_s, opt, q);
+  }
+  Tensor layer_round_weight(const LayerRoundProblem& p, const LayerRoundParams& x) override {
+    return layer_round_weight_ref(p, x);
+  }
+  LayerRoundParams layer_round_step(const LayerRoundProblem& p, const LayerRoundParams& x, const Tensor& g,
+                                    float size) override {
+    return layer_round_step_ref(p, x, g, size);
   }
   Tensor forward_matmul(const Tensor& x, const Tensor& w, bool w_transposed) override {
     return forward_matmul_with(x, w, w_transposed, forward_matmul_ref);

@@ -17,6 +17,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/linalg.h"
 #include "kernels/cuda/rtn_kernels.h"
+#include "kernels/layer_rounding.h"
 
 #ifndef NIBBLE_GPU_NS
 #error "NIBBLE_GPU_NS must name the build of the CUDA backend (real or emulated)"
@@ -117,6 +118,11 @@ class CudaBackend final : public Backend {
   Tensor forward_result(DeviceBuffer<float>&& b, std::vector<int64_t> shape);
   bool forward_fits(uint64_t bytes) const;
   Tensor forward_host_copy(const Tensor& t);
+  // Learned rounding on a whole layer (backend_layer_rounding.cu): the problem's arrays as the element math
+  // reads them on the device (host ones uploaded into `a`); the problem and x with host data, for the host.
+  struct LayerRoundArrays;
+  layer_round::Weight layer_round_view(const LayerRoundProblem& p, LayerRoundArrays& a, float* v, float* f);
+  LayerRoundProblem layer_round_on_host(const LayerRoundProblem& p, LayerRoundParams& x);
   // A float32 [rows, cols] result left on the device as a tensor.
   Tensor device_tensor(DeviceBuffer<float>&& b, int64_t rows, int64_t cols);
   // The device copy of an array this backend kept (null: none, or another backend's); the compute stream

@@ -1,0 +1,103 @@
+#include "kernels/cpu/layer_rounding_cpu.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/layer_round_problem.h"
+#include "kernels/parallel.h"
+
+namespace nibble::kernels {
+namespace {
+
+namespace lr = layer_round;
+
+const float* host_floats(const Tensor& t, const char* op) {
+  if (t.elements() > 0 && !t.data) throw std::invalid_argument(std::string(op) + ": a tensor with no host data");
+  return t.f32();
+}
+
+// The view over x's host arrays, v and f replaced by `v`, `f` (the step's copies, or x's own to read).
+lr::Weight host_view_of(const LayerRoundProblem& p, const LayerRoundParams& x, float* v, float* f, const char* op) {
+  return lr::view(p, host_floats(p.w, op), host_floats(p.scale0, op),
+                  static_cast<const uint8_t*>(p.zero_points.data), host_floats(p.s, op), host_floats(p.divisor, op),
+                  v ? v : const_cast<float*>(host_floats(x.v, op)), f ? f : const_cast<float*>(host_floats(x.f, op)));
+}
+
+// Tiles of columns side by side; within a tile, blocks in order and a block's rows in order, so every
+// block's sum is taken in k order as the reference takes it.
+constexpr int64_t kTile = 64;
+
+template <class Element, class BlockDone>
+void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_done) {
+  const int64_t N = p.N(), K = p.K();
+  parallel_for((N + kTile - 1) / kTile, [&](int64_t t) {
+    const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
+    lr::Block block[kTile];
+    float df[kTile];
+    for (int64_t k0 = 0; k0 < K; k0 += p.block) {
+      for (int64_t n = n0; n < n1; ++n) block[n - n0] = lr::block_of(p, p.param(k0, n)), df[n - n0] = 0.0f;
+      const int64_t k1 = std::min(K, k0 + p.block);
+      for (int64_t k = k0; k < k1; ++k)
+        for (int64_t n = n0; n < n1; ++n) element(k, n, block[n - n0], df[n - n0]);
+      for (int64_t n = n0; n < n1; ++n) block_done(k0, n, df[n - n0]);
+    }
+  });
+}
+
+Tensor weight_of(const LayerRoundProblem& p, const LayerRoundParams& x, bool fast) {
+  lr::check(p, x, nullptr, "layer_round_weight");
+  const lr::Weight w = host_view_of(p, x, nullptr, nullptr, "layer_round_weight");
+  std::vector<float> out(size_t(p.rows * p.cols));
+  if (fast) {
+    sweep(
+        w, [&](int64_t k, int64_t n, const lr::Block& b, float&) { out[size_t(w.index(k, n))] = lr::graph_element(w, k, n, b); },
+        [](int64_t, int64_t, float) {});
+  } else {
+    for (int64_t n = 0; n < w.N(); ++n)
+      for (int64_t g = 0; g < w.G(); ++g) lr::weight_block(w, g, n, out.data());
+  }
+  return host_tensor(DType::kFloat32, {p.rows, p.cols}, std::move(out));
+}
+
+LayerRoundParams step_of(const LayerRoundProblem& p, const LayerRoundParams& x, const Tensor& g, float size, bool fast) {
+  lr::check(p, x, &g, "layer_round_step");
+  const float* grad = host_floats(g, "layer_round_step");
+  const float* v0 = host_floats(x.v, "layer_round_step");
+  const float* f0 = host_floats(x.f, "layer_round_step");
+  std::vector<float> v(v0, v0 + x.v.elements()), f(f0, f0 + x.f.elements());
+  const lr::Weight w = host_view_of(p, x, v.data(), f.data(), "layer_round_step");
+  if (fast) {
+    sweep(
+        w,
+        [&](int64_t k, int64_t n, const lr::Block& b, float& df) {
+          const int64_t i = w.index(k, n);
+          float dv, share;
+          lr::element_gradients(w, k, n, b, grad[i], &dv, &share);
+          df += share;
+          w.v[i] = lr::sign_step(w.v[i], dv, size, lr::kOffsetRange);
+        },
+        [&](int64_t k0, int64_t n, float df) {
+          float& fi = w.f[w.param(k0, n)];
+          fi = lr::sign_step(fi, df, size, lr::kScaleRange);
+        });
+  } else {
+    for (int64_t n = 0; n < w.N(); ++n)
+      for (int64_t b = 0; b < w.G(); ++b) lr::step_block(w, b, n, grad, size);
+  }
+  const std::vector<int64_t> vs = x.v.shape, fs = x.f.shape;
+  return LayerRoundParams{host_tensor(DType::kFloat32, vs, std::move(v)), host_tensor(DType::kFloat32, fs, std::move(f))};
+}
+
+}  // namespace
+
+Tensor layer_round_weight_ref(const LayerRoundProblem& p, const LayerRoundParams& x) { return weight_of(p, x, false); }
+LayerRoundParams layer_round_step_ref(const LayerRoundProblem& p, const LayerRoundParams& x, const Tensor& g, float size) {
+  return step_of(p, x, g, size, false);
+}
+Tensor layer_round_weight_fast(const LayerRoundProblem& p, const LayerRoundParams& x) { return weight_of(p, x, true); }
+LayerRoundParams layer_round_step_fast(const LayerRoundProblem& p, const LayerRoundParams& x, const Tensor& g,
+                                       float size) {
+  return step_of(p, x, g, size, true);
+}
+
+}  // namespace nibble::kernels

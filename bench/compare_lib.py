@@ -181,6 +181,9 @@ def all_rows(calib_lite: tuple[int, int], calib_clip: tuple[int, int]) -> list[R
         Row("nibble:rtn_dq_matmulnbits", "nibble", "rtn_dq --format matmulnbits", "ort:rtn_sym"),
         Row("nibble:awq_lite", "nibble", "awq_lite", "modelopt:awq_lite", calib=calib_lite),
         Row("nibble:awq_clip", "nibble", "awq_clip", "modelopt:awq_clip", calib=calib_clip),
+        Row("nibble:awq_gptq", "nibble", "awq_gptq", None, calib=calib_lite),
+        # AutoRound's method on whole layers; its peer is nibble's awq_gptq (no other tool learns the rounding)
+        Row("nibble:awq_learned_layer", "nibble", "awq_learned_layer", "nibble:awq_gptq", slow=True, calib=calib_lite),
         Row("modelopt:rtn_dq", "modelopt", "rtn_dq", None),
         Row("modelopt:awq_lite", "modelopt", "awq_lite", None, slow=True, calib=calib_lite),
         Row("modelopt:awq_clip", "modelopt", "awq_clip", None, slow=True, calib=calib_clip),

@@ -22,11 +22,6 @@ namespace lr = kernels::layer_round;
 
 constexpr size_t kGuardBatches = 16;
 
-struct LayerLearner::Batch {
-  GraphRun::State fl;  // the float model's activations
-  GraphRun::State qu;  // the learned layers' (quantized_inputs)
-};
-
 namespace {
 
 // Rows [first, first + count) of a value along its first axis (a copy).
@@ -69,10 +64,8 @@ LayerLearner::LayerLearner(const std::string& model_path, std::vector<std::map<s
   if (feeds.empty()) throw Error("layer learning: no calibration batches");
   feeds = regroup(feeds, o_.samples);
   for (auto& f : feeds) {
-    Batch b;
-    b.fl = graph_->start(f);
-    if (o_.quantized_inputs) b.qu = b.fl;
-    batches_.push_back(std::move(b));
+    float_.push_back(graph_->start(f));
+    learned_.push_back(float_.back());
   }
 }
 
@@ -238,119 +231,153 @@ void to_host(Learned& l, kernels::Backend& backend) {
 
 }  // namespace
 
+namespace {
+
+// The learned codes and scales into the weight's result; how many codes moved.
+int64_t write_back(const Learned& l) {
+  LearnedWeight& w = *l.w;
+  std::vector<float> scales(w.q.scales.size());
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = lr::scale_of(l.p, int64_t(i));
+  double sq = 0.0;
+  int64_t moved = 0;
+  for (int64_t n = 0; n < l.p.N(); ++n)
+    for (int64_t k = 0; k < l.p.K(); ++k) {
+      const size_t i = size_t(l.p.index(k, n));
+      const int64_t pi = l.p.param(k, n);
+      const uint8_t c = lr::code_of(l.p, k, n, lr::block_of(l.p, pi));
+      moved += c != w.q.codes[i];
+      w.q.codes[i] = c;
+      const float level = w.spec.zero_point ? float(c) : float(int8_t(c));
+      const double d = double(w.w[i]) - double((level - l.p.zero(pi)) * scales[size_t(pi)]);
+      sq += d * d;
+    }
+  w.q.scales = std::move(scales);  // l.p reads the old ones no longer
+  w.q.sq_error = sq;
+  w.q.packed.clear();
+  return moved;
+}
+
+// One group's learning over the calibration batches: every batch's learned stream at the segment's first
+// node is the layer's input, the float model's output of the segment the target.
+class GroupLearning {
+ public:
+  GroupLearning(GraphRun& g, kernels::Backend& backend, const LayerLearningOptions& o, int group)
+      : g_(g), backend_(backend), o_(o), group_(group) {}
+
+  // Both streams to the segment's first node, the float one through it (the targets).
+  void prepare(size_t first, size_t end, std::vector<GraphRun::State>& fl, std::vector<GraphRun::State>& qu) {
+    end_ = end;
+    for (size_t b = 0; b < fl.size(); ++b) {
+      g_.advance(fl[b], first, {}, {});
+      g_.advance(qu[b], first, {}, {});
+      input_.push_back(qu[b]);
+      g_.advance(fl[b], end, {}, {});
+      if (b == 0) out_ = output_of(g_, first, end, fl[b]);
+      target_.push_back(targets_of(out_, fl[b].live));
+    }
+    // At most kGuardBatches spread evenly (each a forward of the layer: over all 64 of SmolLM2's samples, a
+    // quarter of the learning's time).
+    const size_t n = std::min(input_.size(), kGuardBatches);
+    for (size_t i = 0; i < n; ++i) guard_.push_back(i * input_.size() / n);
+  }
+
+  void substitute(const std::vector<Learned>& learned) {
+    for (const Learned& l : learned) g_.substitute(l.w->name, graph_weight(l, backend_));
+  }
+
+  // The objective with the weights substituted, over the guard's batches.
+  double guard_objective() {
+    double loss = 0.0;
+    for (size_t b : guard_) {
+      GraphRun::State s = input_[b];
+      g_.advance(s, end_, {}, {});
+      loss += objective(out_, s.live, target_[b], nullptr);
+    }
+    return loss / double(guard_.size());
+  }
+
+  void run_steps(std::vector<Learned>& learned, const std::set<std::string>& wrt) {
+    std::mt19937 rng{static_cast<uint32_t>(group_)};
+    std::vector<size_t> order;
+    const double lr0 = o_.lr > 0 ? o_.lr : 1.0 / std::max(1, o_.iters);
+    double t_sub = 0, t_fwd = 0, t_bwd = 0, t_step = 0;
+    auto ta = std::chrono::steady_clock::now();
+    const auto lap = [&ta](double& into) {
+      const auto now = std::chrono::steady_clock::now();
+      into += std::chrono::duration<double>(now - ta).count();
+      ta = now;
+    };
+    for (int t = 0; t < o_.iters; ++t) {
+      if (order.empty()) {
+        for (size_t b = input_.size(); b-- > 0;) order.push_back(b);
+        std::shuffle(order.begin(), order.end(), rng);
+      }
+      const size_t b = order.back();
+      order.pop_back();
+      ta = std::chrono::steady_clock::now();
+      substitute(learned);
+      lap(t_sub);
+      GraphRun::State s = input_[b];
+      const forward::Tape tape = forward::run_taped(g_, s, end_);
+      std::map<std::string, Floats> seeds;
+      objective(out_, tape.values, target_[b], &seeds);
+      lap(t_fwd);
+      const std::map<std::string, Floats> grads = forward::backward(g_, tape, std::move(seeds), wrt);
+      lap(t_bwd);
+      const float size = float(lr0 * (1.0 - double(t) / double(o_.iters)));
+      for (Learned& l : learned) {
+        const Floats& g = grads.at(l.w->name);
+        l.x = backend_.layer_round_step(l.problem, l.x,
+                                        kernels::host_view(DType::kFloat32, {l.p.rows, l.p.cols}, g.data()), size);
+      }
+      lap(t_step);
+    }
+    spdlog::debug("layer learning: {} steps: weights {:.2f} s, forward {:.2f} s, backward {:.2f} s, update {:.2f} s",
+                  o_.iters, t_sub, t_fwd, t_bwd, t_step);
+  }
+
+ private:
+  GraphRun& g_;
+  kernels::Backend& backend_;
+  const LayerLearningOptions& o_;
+  int group_;
+  size_t end_ = 0;
+  std::vector<GraphRun::State> input_;
+  std::vector<Targets> target_;
+  Output out_;
+  std::vector<size_t> guard_;
+};
+
+}  // namespace
+
 LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> names;
   for (const auto& w : weights) names.push_back(w.name);
   const Segment seg = segment_of(names);
-  // Every batch to the segment's first node; its input kept; the float model's output through it the target.
-  std::vector<GraphRun::State> input;
-  std::vector<Targets> target;
-  Output out;
-  for (Batch& b : batches_) {
-    graph_->advance(b.fl, seg.first, {}, {});
-    if (o_.quantized_inputs) graph_->advance(b.qu, seg.first, {}, {});
-    input.push_back(o_.quantized_inputs ? b.qu : b.fl);
-    graph_->advance(b.fl, seg.end, {}, {});
-    if (&b == &batches_.front()) out = output_of(*graph_, seg.first, seg.end, b.fl);
-    target.push_back(targets_of(out, b.fl.live));
-  }
+  GroupLearning group(*graph_, backend_, o_, groups_done_);
+  group.prepare(seg.first, seg.end, float_, learned_);
   std::vector<Learned> learned;
   for (auto& w : weights) learned.push_back(learned_of(w, backend_));
-  const auto substitute = [&] {
-    for (const Learned& l : learned) graph_->substitute(l.w->name, graph_weight(l, backend_));
-  };
-  // The objective before and after, over at most kGuardBatches batches spread evenly over them (each
-  // pass is a forward of the layer: over all 64 of SmolLM2's samples, a quarter of the learning's time).
-  std::vector<size_t> guard;
-  for (size_t i = 0; i < std::min(input.size(), kGuardBatches); ++i)
-    guard.push_back(i * input.size() / std::min(input.size(), kGuardBatches));
-  const auto all_batches = [&] {
-    substitute();
-    double loss = 0.0;
-    for (size_t b : guard) {
-      GraphRun::State s = input[b];
-      graph_->advance(s, seg.end, {}, {});
-      loss += objective(out, s.live, target[b], nullptr);
-    }
-    return loss / double(guard.size());
-  };
   LayerLearningStats st;
   st.weights = int64_t(weights.size());
-  st.objective_start = all_batches();
-  const std::set<std::string> wrt(names.begin(), names.end());
-  std::mt19937 rng{static_cast<uint32_t>(groups_done_)};
-  std::vector<size_t> order;
-  const double lr0 = o_.lr > 0 ? o_.lr : 1.0 / std::max(1, o_.iters);
-  double t_sub = 0, t_fwd = 0, t_bwd = 0, t_step = 0;
-  const auto since = [](std::chrono::steady_clock::time_point a) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-  };
-  for (int t = 0; t < o_.iters; ++t) {
-    if (order.empty()) {
-      for (size_t b = input.size(); b-- > 0;) order.push_back(b);
-      std::shuffle(order.begin(), order.end(), rng);
-    }
-    const size_t b = order.back();
-    order.pop_back();
-    auto ta = std::chrono::steady_clock::now();
-    substitute();
-    t_sub += since(ta);
-    ta = std::chrono::steady_clock::now();
-    GraphRun::State s = input[b];
-    const forward::Tape tape = forward::run_taped(*graph_, s, seg.end);
-    std::map<std::string, Floats> seeds;
-    objective(out, tape.values, target[b], &seeds);
-    t_fwd += since(ta);
-    ta = std::chrono::steady_clock::now();
-    const std::map<std::string, Floats> grads = forward::backward(*graph_, tape, std::move(seeds), wrt);
-    t_bwd += since(ta);
-    ta = std::chrono::steady_clock::now();
-    const float size = float(lr0 * (1.0 - double(t) / double(o_.iters)));
-    for (Learned& l : learned) {
-      const Floats& g = grads.at(l.w->name);
-      l.x = backend_.layer_round_step(l.problem, l.x, kernels::host_view(DType::kFloat32, {l.p.rows, l.p.cols}, g.data()),
-                                      size);
-    }
-    t_step += since(ta);
-  }
-  spdlog::debug("layer learning: {} steps: weights {:.2f} s, forward {:.2f} s, backward {:.2f} s, update {:.2f} s",
-                o_.iters, t_sub, t_fwd, t_bwd, t_step);
-  st.objective_end = o_.iters > 0 ? all_batches() : st.objective_start;
+  group.substitute(learned);
+  st.objective_start = group.guard_objective();
+  group.run_steps(learned, {names.begin(), names.end()});
+  if (o_.iters > 0) group.substitute(learned);
+  st.objective_end = o_.iters > 0 ? group.guard_objective() : st.objective_start;
   st.kept_start = !(st.objective_end < st.objective_start);
   for (Learned& l : learned) {
-    if (st.kept_start) {  // the start again (zero offsets and factors, on the host)
+    if (st.kept_start)  // the start again (zero offsets and factors, on the host)
       l.x = {kernels::host_view(DType::kFloat32, {l.p.rows, l.p.cols}, l.v.data()),
              kernels::host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data())};
-    } else {
+    else
       to_host(l, backend_);
-    }
   }
-  if (o_.quantized_inputs) {  // the learned layer's outputs: the next layer's inputs (before q's scales move)
-    substitute();
-    for (Batch& b : batches_) graph_->advance(b.qu, seg.end, {}, {});
-  }
-  for (Learned& l : learned) {
-    LearnedWeight& w = *l.w;
-    if (st.kept_start) continue;  // the starting codes and scales as they were given
-    std::vector<float> scales(w.q.scales.size());
-    for (size_t i = 0; i < scales.size(); ++i) scales[i] = lr::scale_of(l.p, int64_t(i));
-    double sq = 0.0;
-    for (int64_t n = 0; n < l.p.N(); ++n)
-      for (int64_t k = 0; k < l.p.K(); ++k) {
-        const size_t i = size_t(l.p.index(k, n));
-        const uint8_t c = lr::code_of(l.p, k, n, lr::block_of(l.p, l.p.param(k, n)));
-        st.codes_moved += c != w.q.codes[i];
-        w.q.codes[i] = c;
-        const int64_t pi = l.p.param(k, n);
-        const float level = w.spec.zero_point ? float(c) : float(int8_t(c));
-        const double d = double(w.w[i]) - double((level - l.p.zero(pi)) * scales[size_t(pi)]);
-        sq += d * d;
-      }
-    w.q.scales = std::move(scales);  // l.p reads the old ones no longer
-    w.q.sq_error = sq;
-    w.q.packed.clear();
-  }
+  group.substitute(learned);  // the learned layer's outputs: the next layer's inputs (before q's scales move)
+  for (GraphRun::State& s : learned_) graph_->advance(s, seg.end, {}, {});
+  if (!st.kept_start)  // else the starting codes and scales as they were given
+    for (const Learned& l : learned) st.codes_moved += write_back(l);
   for (const auto& n : names) graph_->unsubstitute(n);  // no stream reads this group's weights again
   graph_->release_weights();
   ++groups_done_;

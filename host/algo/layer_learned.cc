@@ -57,9 +57,6 @@ LayerLearningOptions layer_learning_options(const QuantizeOptions& o) {
   LayerLearningOptions l;
   l.iters = o.learned_layer_iters;
   l.lr = o.learned_layer_lr;
-  // Always on the learned layers' outputs (AutoRound's way); --feed_quantized moves awq_lite's statistics
-  // there too, which measured worse on SmolLM2 and costs the overlap of calibration with the search.
-  l.quantized_inputs = true;
   l.samples = o.learned_layer_samples;
   l.quiet = o.quiet;
   return l;

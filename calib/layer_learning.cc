@@ -203,7 +203,7 @@ Learned learned_of(LearnedWeight& w, kernels::Backend& backend) {
   q.s = up(DType::kFloat32, int64_t(w.s.size()), w.s.data());
   q.divisor = up(DType::kFloat32, int64_t(w.divisor.size()), w.divisor.data());
   l.x = {host_view(DType::kFloat32, {w.rows, w.cols}, l.v.data()),
-         host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data())};
+         host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data()), {}};
   return l;
 }
 
@@ -216,10 +216,10 @@ Floats floats_of(kernels::Backend& backend, const kernels::Tensor& t) {
   return v;
 }
 
-// The graph's weight from the current parameters.
+// The graph's weight from the current parameters (the one the last step made, else made here).
 Value graph_weight(const Learned& l, kernels::Backend& backend) {
-  return forward::from_floats(l.w->dtype, {l.p.rows, l.p.cols},
-                              floats_of(backend, backend.layer_round_weight(l.problem, l.x)));
+  const kernels::Tensor w = l.x.weight.empty() ? backend.layer_round_weight(l.problem, l.x) : l.x.weight;
+  return forward::from_floats(l.w->dtype, {l.p.rows, l.p.cols}, floats_of(backend, w));
 }
 
 // The parameters back on the host, into v and f (what l.p reads).
@@ -370,7 +370,7 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
   for (Learned& l : learned) {
     if (st.kept_start)  // the start again (zero offsets and factors, on the host)
       l.x = {kernels::host_view(DType::kFloat32, {l.p.rows, l.p.cols}, l.v.data()),
-             kernels::host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data())};
+             kernels::host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data()), {}};
     else
       to_host(l, backend_);
   }

@@ -159,9 +159,11 @@ struct LayerRoundProblem {
 };
 
 // The parameters learned: offsets v (float32, laid out as the weight) and scale factors f (float32, as the
-// scales), where an operation left them.
+// scales), where an operation left them; after layer_round_step also the graph's weight they give (what
+// layer_round_weight would return: made while the step has each block at hand).
 struct LayerRoundParams {
   Tensor v, f;
+  Tensor weight;  // empty: not made
 };
 
 // How rtn_lsq weighs each element's squared error when it fits and chooses a block's scale:

@@ -68,7 +68,7 @@ std::string check_layer_round(Backend& r, Backend& g, const Case& c, const check
     if (!t->empty()) *t = g.upload(*t);
   const std::vector<float> v0(size_t(c.K * c.N), 0.0f), f0(q.scales.size(), 0.0f);
   LayerRoundParams a{host_view(DType::kFloat32, {p.rows, p.cols}, v0.data()),
-                     host_view(DType::kFloat32, {int64_t(f0.size())}, f0.data())};
+                     host_view(DType::kFloat32, {int64_t(f0.size())}, f0.data()), {}};
   LayerRoundParams x = a;
   if (auto e = check_start(p, floats_of(r, r.layer_round_weight(p, a))); !e.empty()) return e;
   const float sizes[] = {0.1f, 0.05f, 0.3f};
@@ -84,6 +84,8 @@ std::string check_layer_round(Backend& r, Backend& g, const Case& c, const check
     if (auto e = same(af, floats_of(g, x.f), "scale factors"); !e.empty()) return step + e;
     const std::vector<float> aw = floats_of(r, r.layer_round_weight(p, a));
     if (auto e = same(aw, floats_of(g, g.layer_round_weight(up, x)), "graph weight"); !e.empty()) return step + e;
+    if (auto e = same(aw, floats_of(r, a.weight), "the reference step's weight"); !e.empty()) return step + e;
+    if (auto e = same(aw, floats_of(g, x.weight), "the step's weight"); !e.empty()) return step + e;
     for (float v : av)
       if (!(std::fabs(v) <= layer_round::kOffsetRange)) return step + "an offset beyond 0.5";
     for (float f : af)

@@ -126,6 +126,12 @@ NIBBLE_HD inline void step_block(const Weight& p, int64_t g, int64_t n, const fl
   p.f[pi] = sign_step(p.f[pi], df, size, kScaleRange);
 }
 
+// step_block, then the block column's graph weight from the new offsets and factor into `out`.
+NIBBLE_HD inline void step_block_weight(const Weight& p, int64_t g, int64_t n, const float* grad, float size, float* out) {
+  step_block(p, g, n, grad, size);
+  weight_block(p, g, n, out);
+}
+
 // The final code of element (k, n) (the level as the writers store it).
 NIBBLE_HD inline uint8_t code_of(const Weight& p, int64_t k, int64_t n, const Block& b) {
   bool clamped;

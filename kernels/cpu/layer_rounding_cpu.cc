@@ -27,8 +27,8 @@ lr::Weight host_view_of(const LayerRoundProblem& p, const LayerRoundParams& x, f
 // block's sum is taken in k order as the reference takes it.
 constexpr int64_t kTile = 64;
 
-template <class Element, class BlockDone>
-void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_done) {
+template <class Element, class BlockDone, class BlockAfter>
+void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_done, const BlockAfter& block_after) {
   const int64_t N = p.N(), K = p.K();
   parallel_for((N + kTile - 1) / kTile, [&](int64_t t) {
     const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile);
@@ -40,6 +40,7 @@ void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_d
       for (int64_t k = k0; k < k1; ++k)
         for (int64_t n = n0; n < n1; ++n) element(k, n, block[n - n0], df[n - n0]);
       for (int64_t n = n0; n < n1; ++n) block_done(k0, n, df[n - n0]);
+      block_after(k0, k1, n0, n1);
     }
   });
 }
@@ -51,7 +52,7 @@ Tensor weight_of(const LayerRoundProblem& p, const LayerRoundParams& x, bool fas
   if (fast) {
     sweep(
         w, [&](int64_t k, int64_t n, const lr::Block& b, float&) { out[size_t(w.index(k, n))] = lr::graph_element(w, k, n, b); },
-        [](int64_t, int64_t, float) {});
+        [](int64_t, int64_t, float) {}, [](int64_t, int64_t, int64_t, int64_t) {});
   } else {
     for (int64_t n = 0; n < w.N(); ++n)
       for (int64_t g = 0; g < w.G(); ++g) lr::weight_block(w, g, n, out.data());
@@ -64,7 +65,7 @@ LayerRoundParams step_of(const LayerRoundProblem& p, const LayerRoundParams& x, 
   const float* grad = host_floats(g, "layer_round_step");
   const float* v0 = host_floats(x.v, "layer_round_step");
   const float* f0 = host_floats(x.f, "layer_round_step");
-  std::vector<float> v(v0, v0 + x.v.elements()), f(f0, f0 + x.f.elements());
+  std::vector<float> v(v0, v0 + x.v.elements()), f(f0, f0 + x.f.elements()), out(size_t(p.rows * p.cols));
   const lr::Weight w = host_view_of(p, x, v.data(), f.data(), "layer_round_step");
   if (fast) {
     sweep(
@@ -79,13 +80,20 @@ LayerRoundParams step_of(const LayerRoundProblem& p, const LayerRoundParams& x, 
         [&](int64_t k0, int64_t n, float df) {
           float& fi = w.f[w.param(k0, n)];
           fi = lr::sign_step(fi, df, size, lr::kScaleRange);
+        },
+        [&](int64_t k0, int64_t k1, int64_t n0, int64_t n1) {  // the block rows again, still in cache
+          lr::Block b[kTile];
+          for (int64_t n = n0; n < n1; ++n) b[n - n0] = lr::block_of(w, w.param(k0, n));
+          for (int64_t k = k0; k < k1; ++k)
+            for (int64_t n = n0; n < n1; ++n) out[size_t(w.index(k, n))] = lr::graph_element(w, k, n, b[n - n0]);
         });
   } else {
     for (int64_t n = 0; n < w.N(); ++n)
-      for (int64_t b = 0; b < w.G(); ++b) lr::step_block(w, b, n, grad, size);
+      for (int64_t b = 0; b < w.G(); ++b) lr::step_block_weight(w, b, n, grad, size, out.data());
   }
   const std::vector<int64_t> vs = x.v.shape, fs = x.f.shape;
-  return LayerRoundParams{host_tensor(DType::kFloat32, vs, std::move(v)), host_tensor(DType::kFloat32, fs, std::move(f))};
+  return LayerRoundParams{host_tensor(DType::kFloat32, vs, std::move(v)), host_tensor(DType::kFloat32, fs, std::move(f)),
+                          host_tensor(DType::kFloat32, {p.rows, p.cols}, std::move(out))};
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ struct StepBlockBody {
   lr::Weight p;
   const float* grad;
   float size;
-  NIBBLE_HD void operator()(int64_t i) const { lr::step_block(p, i / p.N(), i % p.N(), grad, size); }
+  float* out;
+  NIBBLE_HD void operator()(int64_t i) const { lr::step_block_weight(p, i / p.N(), i % p.N(), grad, size, out); }
 };
 
 struct CopyBody {
@@ -101,7 +102,7 @@ Tensor CudaBackend::layer_round_weight(const LayerRoundProblem& p, const LayerRo
 LayerRoundParams CudaBackend::layer_round_step(const LayerRoundProblem& p, const LayerRoundParams& x, const Tensor& g,
                                                float size) {
   lr::check(p, x, &g, "layer_round_step");
-  if (!forward_fits(layer_round_bytes(p) + uint64_t(p.rows * p.cols) * 4)) {
+  if (!forward_fits(layer_round_bytes(p) + uint64_t(p.rows * p.cols) * 8)) {
     LayerRoundParams hx = x;
     const LayerRoundProblem hp = layer_round_on_host(p, hx);
     Tensor hg = host_copy(*this, g, mine(g.buffer));
@@ -117,10 +118,12 @@ LayerRoundParams CudaBackend::layer_round_step(const LayerRoundProblem& p, const
   DeviceBuffer<float> v(*dev_, size_t(x.v.elements())), f(*dev_, size_t(x.f.elements()));
   launch(*dev_, x.v.elements(), CopyBody{v_in, v.get()});
   launch(*dev_, x.f.elements(), CopyBody{f_in, f.get()});
+  DeviceBuffer<float> out(*dev_, size_t(p.rows * p.cols));
   const lr::Weight w = layer_round_view(p, a, v.get(), f.get());
-  launch(*dev_, p.G() * p.N(), StepBlockBody{w, grad, size});
+  launch(*dev_, p.G() * p.N(), StepBlockBody{w, grad, size, out.get()});
   const std::vector<int64_t> vs = x.v.shape, fs = x.f.shape;
-  return LayerRoundParams{forward_result(std::move(v), vs), forward_result(std::move(f), fs)};
+  return LayerRoundParams{forward_result(std::move(v), vs), forward_result(std::move(f), fs),
+                          forward_result(std::move(out), {p.rows, p.cols})};
 }
 
 }  // namespace nibble::kernels::gpu::NIBBLE_GPU_NS

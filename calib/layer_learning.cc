@@ -296,6 +296,18 @@ class GroupLearning {
     return loss / double(guard_.size());
   }
 
+  // Every batch's stream from the segment's input through it, with the weights substituted; the guard's
+  // objective over those outputs (the sum guard_objective takes, in its order: the same number).
+  double advance_all(std::vector<GraphRun::State>& streams) {
+    double loss = 0.0;
+    for (size_t b = 0; b < streams.size(); ++b) {
+      streams[b] = input_[b];
+      g_.advance(streams[b], end_, {}, {});
+    }
+    for (size_t b : guard_) loss += objective(out_, streams[b].live, target_[b], nullptr);
+    return loss / double(guard_.size());
+  }
+
   void run_steps(std::vector<Learned>& learned, const std::set<std::string>& wrt) {
     std::mt19937 rng{static_cast<uint32_t>(group_)};
     std::vector<size_t> order;
@@ -364,8 +376,10 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
   group.substitute(learned);
   st.objective_start = group.guard_objective();
   group.run_steps(learned, {names.begin(), names.end()});
+  // The learned layer's outputs are the next layer's inputs (made before q's scales move); the guard reads
+  // its batches among them. Where they are no better, the start's outputs replace them.
   if (o_.iters > 0) group.substitute(learned);
-  st.objective_end = o_.iters > 0 ? group.guard_objective() : st.objective_start;
+  st.objective_end = group.advance_all(learned_);
   st.kept_start = !(st.objective_end < st.objective_start);
   for (Learned& l : learned) {
     if (st.kept_start)  // the start again (zero offsets and factors, on the host)
@@ -374,8 +388,10 @@ LayerLearningStats LayerLearner::learn(std::vector<LearnedWeight>& weights) {
     else
       to_host(l, backend_);
   }
-  group.substitute(learned);  // the learned layer's outputs: the next layer's inputs (before q's scales move)
-  for (GraphRun::State& s : learned_) graph_->advance(s, seg.end, {}, {});
+  if (st.kept_start && o_.iters > 0) {
+    group.substitute(learned);
+    group.advance_all(learned_);
+  }
   if (!st.kept_start)  // else the starting codes and scales as they were given
     for (const Learned& l : learned) st.codes_moved += write_back(l);
   for (const auto& n : names) graph_->unsubstitute(n);  // no stream reads this group's weights again

@@ -148,15 +148,37 @@ GroupCalibration group_calibration(const QuantizeOptions& o, const Plan& plan, s
 }
 
 // Group g's statistics, measured while the main thread searches group g - 1 (float layers fed forward:
-// group g's boundary is already written). Reads only `o`, the plan and the files.
-std::unique_ptr<Calibration> calibrate_group(const QuantizeOptions& o, const std::string& model_path,
-                                             const Planned& planned, const std::vector<size_t>& idx, size_t g,
-                                             const std::string& groups_file) {
-  const GroupCalibration c = group_calibration(o, sub_plan(planned, idx).plan, g, groups_file);
-  return Calibration::run(c.copt, model_path, c.acts, /*mask_padding=*/masks_padding(o), c.extras);
+// group g's boundary is already written), and with `search` its scale search on them as well. Reads only
+// `o`, the plan, the model's weights and the files.
+struct AheadOfGroup {
+  Searched s;
+  bool searched = false;
+};
+
+AheadOfGroup calibrate_group(const QuantizeOptions& o, OnnxModel& model, const Planned& planned,
+                             const std::vector<size_t>& idx, size_t g, const std::string& groups_file,
+                             kernels::Backend* search) {
+  Planned sub = sub_plan(planned, idx);
+  const GroupCalibration c = group_calibration(o, sub.plan, g, groups_file);
+  AheadOfGroup a;
+  a.s.calib = Calibration::run(c.copt, model.path(), c.acts, /*mask_padding=*/masks_padding(o), c.extras);
+  if (search) {
+    search_calibrated(o, model, sub, *search, a.s);
+    a.searched = true;
+  }
+  return a;
 }
 
-using PendingCalibration = std::future<std::unique_ptr<Calibration>>;
+// awq_learned_layer: the next group's scale search runs beside this group's learning (which holds the main
+// thread for most of a layer's time), on the CPU backend, where the search leaves nothing behind but its
+// scales: no clip search or GPTQ quantizer (they keep the plan), no mixed precision's sweep (it changes the
+// plan). Its results are those it gives on the main thread.
+bool searches_ahead(const QuantizeOptions& o, const kernels::Backend& backend) {
+  return method(o.algo).learns_layers && backend.takes_concurrent_calls() && !o.searches_clip() && !o.uses_gptq() &&
+         !mixed_needs_calibration(o);
+}
+
+using PendingCalibration = std::future<AheadOfGroup>;
 
 // One group computed: calibrate it alone (or take what `pending` measured beside the previous group),
 // start the next group's calibration (`start_next`), search, emit; the scales kept for a resumed run.
@@ -189,6 +211,18 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
   GroupCalibration c = group_calibration(o, sub.plan, g, groups_file);
   nlohmann::json quantized = nlohmann::json::array();
   EngineCalibration* engine = o.calib.layer_engine.get();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool overlapped = pending.valid();
+  bool searched = false;
+  if (overlapped) {
+    AheadOfGroup a = pending.get();
+    s = std::move(a.s);
+    searched = a.searched;
+  } else {
+    s.calib = Calibration::run(c.copt, model.path(), c.acts, /*mask_padding=*/masks_padding(o), c.extras);
+  }
+  // Overlapped: only the time this thread waited for it (the rest ran beside the previous group's search).
+  s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.feed_quantized)
     s.on_quantized = [&](const PlannedWeight& pw, const kernels::QuantSpec& spec, const kernels::QuantResult& q,
                          const std::vector<float>* sp, const std::vector<float>* div) {
@@ -197,15 +231,9 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
       else
         quantized.push_back(write_effective(quantized_dir(o), g, pw, spec, q, sp, div, quantized.size()));
     };
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool overlapped = pending.valid();
-  s.calib = overlapped ? pending.get()
-                       : Calibration::run(c.copt, model.path(), c.acts, /*mask_padding=*/masks_padding(o), c.extras);
-  // Overlapped: only the time this thread waited for it (the rest ran beside the previous group's search).
-  s.calibrate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   announce();  // after the first calibration: bad calibration input fails with its one error line alone
   if (start_next) start_next();
-  search_calibrated(o, model, sub, backend, s);
+  if (!searched) search_calibrated(o, model, sub, backend, s);
   if (learner) s.quantizer = layer_quantizer(o, sub.plan, g, *s.calib, backend, *learner);
   save_scales(o, g, s);
   Emitted e = emit_stage(o, model, sub, s, rewriter, backend);
@@ -215,9 +243,9 @@ Emitted run_group(const QuantizeOptions& o, OnnxModel& model, const Planned& pla
     Calibration::advance(c.copt, model.path(), c.acts, c.extras);
     s.calibrate_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
   }
-  spdlog::info("layer group {}: {} weights, calibration {:.1f} s{}, search {:.1f} s", g, idx.size(),
+  spdlog::info("layer group {}: {} weights, calibration {:.1f} s{}, search {:.1f} s{}", g, idx.size(),
                s.calibrate_seconds, overlapped ? " waited (measured beside the previous group)" : "",
-               s.search_seconds);
+               s.search_seconds, searched ? " (beside the previous group)" : "");
   e.calibrate_seconds = s.calibrate_seconds;
   e.search_seconds = s.search_seconds;
   return e;
@@ -403,12 +431,13 @@ Emitted layer_by_layer_stage(const QuantizeOptions& o, OnnxModel& model, Planned
     learner = std::make_unique<LayerLearner>(model.path(), o.calib.layer_engine->batch_feeds(), backend,
                                              layer_learning_options(o));
   PendingCalibration pending;
+  kernels::Backend* search = overlap && searches_ahead(o, backend) ? &backend : nullptr;
   for (size_t g = first; g < groups.size(); ++g) {
     std::function<void()> start_next;
     if (overlap && g + 1 < groups.size())
       start_next = [&, h = g + 1] {
-        pending = std::async(std::launch::async, [&o, path = model.path(), &planned, &groups, h, &groups_file] {
-          return calibrate_group(o, path, planned, groups[h], h, groups_file);
+        pending = std::async(std::launch::async, [&o, &model, &planned, &groups, h, &groups_file, search] {
+          return calibrate_group(o, model, planned, groups[h], h, groups_file, search);
         });
       };
     add(total, run_group(o, model, planned, groups[g], g, groups_file, rewriter, backend, announce, pending,

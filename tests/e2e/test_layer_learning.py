@@ -78,13 +78,19 @@ def test_learning_on_the_learned_layers_outputs(nibble, qwen2, tmp_path):
 
 
 def test_the_emulated_device_writes_the_cpus_bytes(nibble, qwen2, tmp_path):
-    data = {}
-    for device in ("cpu", "cuda_emulated"):
-        quantize(nibble, qwen2, str(tmp_path / device), "awq_learned_layer", "--learned_layer_iters", "20",
-                 "--device", device)
-        with open(data_file(str(tmp_path / device / "model.onnx")), "rb") as f:
-            data[device] = f.read()
+    """The CPU searches the next layer's scales beside this layer's learning; the emulated device (one caller at a
+    time) and --calibrate_first (nothing beside anything) search each layer just before it learns: the same bytes."""
+    data, stderr = {}, {}
+    for run, flags in {"cpu": ["--device", "cpu"], "cuda_emulated": ["--device", "cuda_emulated"],
+                       "first": ["--device", "cpu", "--calibrate_first"]}.items():
+        rep = quantize(nibble, qwen2, str(tmp_path / run), "awq_learned_layer", "--learned_layer_iters", "20", *flags)
+        stderr[run] = rep["stderr"]
+        with open(data_file(str(tmp_path / run / "model.onnx")), "rb") as f:
+            data[run] = f.read()
+    assert "search" in stderr["cpu"] and "(beside the previous group)" in stderr["cpu"], stderr["cpu"]
+    assert "(beside the previous group)" not in stderr["first"]
     assert data["cpu"] == data["cuda_emulated"]
+    assert data["cpu"] == data["first"]
 
 
 def test_a_layer_without_a_reverse_pass_keeps_awq_lites_codes(nibble, tmp_path, tmp_path_factory):

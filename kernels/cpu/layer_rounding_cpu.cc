@@ -45,11 +45,107 @@ void sweep(const lr::Weight& p, const Element& element, const BlockDone& block_d
   });
 }
 
+// ---- A [K, N] weight (k_axis 0), a tile's row at a time: the element math of kernels/layer_rounding.h
+// written over arrays (a block's scale, starting scale and zero point per column, the graph's factor per
+// column of the row) so that the compiler vectorizes across the row; every expression is the element
+// function's, in its order, so the bits are the reference's.
+
+// hd::rint without its branch (a select instead).
+inline float rint_select(float x) {
+  const float a = hd::fabs(x);
+  const float r = bits_f32(f32_bits((a + 8388608.0f) - 8388608.0f) | (f32_bits(x) & 0x80000000u));
+  return a < 8388608.0f ? r : x;
+}
+
+inline float clamp_range(float x, float range) { return x < -range ? -range : (x > range ? range : x); }
+
+struct TileColumns {  // the current block of a tile's columns
+  alignas(64) float scale[kTile], scale0[kTile], zero[kTile], df[kTile], factor[kTile];
+  int64_t n0 = 0, width = 0;
+
+  void take_blocks(const lr::Weight& p, int64_t k0) {
+    for (int64_t j = 0; j < width; ++j) {
+      const lr::Block b = lr::block_of(p, p.param(k0, n0 + j));
+      scale[j] = b.scale, scale0[j] = b.scale0, zero[j] = b.zero;
+    }
+  }
+  // graph_factor(k, n) of the row's columns.
+  void take_factors(const lr::Weight& p, int64_t k) {
+    const float inv = p.s ? 1.0f / p.s[k] : 1.0f;
+    if (p.divisor)
+      for (int64_t j = 0; j < width; ++j) factor[j] = inv * p.divisor[n0 + j];
+    else
+      for (int64_t j = 0; j < width; ++j) factor[j] = inv;
+  }
+};
+
+// element_gradients and the offset's sign step over one row of the tile; the factors' shares into df.
+void step_row(const TileColumns& c, const float* __restrict w, const float* __restrict g, float* __restrict v,
+              float* __restrict df, float lo, float hi, float size) {
+  for (int64_t j = 0; j < c.width; ++j) {
+    const float q = w[j] / c.scale[j];
+    const float x = rint_select(q + c.zero[j] + v[j]);
+    const bool clamped = (x < lo) | (x > hi);
+    const float level = std::min(std::max(x, lo), hi);  // x < lo ? lo : (x > hi ? hi : x), NaN and -0 alike
+    const float gw = g[j] * c.factor[j];
+    const float dv = clamped ? 0.0f : gw * c.scale[j];
+    const float u = clamped ? 0.0f : q;
+    df[j] += gw * c.scale0[j] * (level - c.zero[j] - u);
+    const float sign = dv > 0.0f ? 1.0f : (dv < 0.0f ? -1.0f : 0.0f);
+    v[j] = clamp_range(v[j] - size * sign, lr::kOffsetRange);
+  }
+}
+
+// graph_element over one row of the tile.
+void weight_row(const TileColumns& c, const float* __restrict w, const float* __restrict v, float* __restrict out,
+                float lo, float hi) {
+  for (int64_t j = 0; j < c.width; ++j) {
+    const float x = rint_select(w[j] / c.scale[j] + c.zero[j] + v[j]);
+    const float level = std::min(std::max(x, lo), hi);
+    out[j] = (level - c.zero[j]) * c.scale[j] * c.factor[j];
+  }
+}
+
+// The fast sweep of a [K, N] weight: with `grad`, a step (offsets, then each block's factor) and the new
+// weight of the block's rows while they are in cache; without, the weight alone.
+void sweep_rows(const lr::Weight& p, const float* grad, float size, float* out) {
+  const int64_t N = p.N(), K = p.K(), cols = p.cols;
+  const float lo = p.lowest(), hi = p.highest();
+  parallel_for((N + kTile - 1) / kTile, [&](int64_t t) {
+    TileColumns c;
+    c.n0 = t * kTile, c.width = std::min(N, c.n0 + kTile) - c.n0;
+    for (int64_t k0 = 0; k0 < K; k0 += p.block) {
+      const int64_t k1 = std::min(K, k0 + p.block);
+      c.take_blocks(p, k0);
+      if (grad) {
+        std::fill(c.df, c.df + c.width, 0.0f);
+        for (int64_t k = k0; k < k1; ++k) {
+          c.take_factors(p, k);
+          const int64_t i = k * cols + c.n0;
+          step_row(c, p.w + i, grad + i, p.v + i, c.df, lo, hi, size);
+        }
+        for (int64_t j = 0; j < c.width; ++j) {
+          float& fi = p.f[p.param(k0, c.n0 + j)];
+          fi = lr::sign_step(fi, c.df[j], size, lr::kScaleRange);
+        }
+        c.take_blocks(p, k0);
+      }
+      for (int64_t k = k0; k < k1; ++k) {
+        c.take_factors(p, k);
+        const int64_t i = k * cols + c.n0;
+        weight_row(c, p.w + i, p.v + i, out + i, lo, hi);
+      }
+    }
+  });
+}
+
 Tensor weight_of(const LayerRoundProblem& p, const LayerRoundParams& x, bool fast) {
   lr::check(p, x, nullptr, "layer_round_weight");
   const lr::Weight w = host_view_of(p, x, nullptr, nullptr, "layer_round_weight");
   std::vector<float> out(size_t(p.rows * p.cols));
-  if (fast) {
+  if (fast && p.k_axis == 0) {
+    sweep_rows(w, nullptr, 0.0f, out.data());
+  } else if (fast) {
     sweep(
         w, [&](int64_t k, int64_t n, const lr::Block& b, float&) { out[size_t(w.index(k, n))] = lr::graph_element(w, k, n, b); },
         [](int64_t, int64_t, float) {}, [](int64_t, int64_t, int64_t, int64_t) {});
@@ -67,7 +163,9 @@ LayerRoundParams step_of(const LayerRoundProblem& p, const LayerRoundParams& x, 
   const float* f0 = host_floats(x.f, "layer_round_step");
   std::vector<float> v(v0, v0 + x.v.elements()), f(f0, f0 + x.f.elements()), out(size_t(p.rows * p.cols));
   const lr::Weight w = host_view_of(p, x, v.data(), f.data(), "layer_round_step");
-  if (fast) {
+  if (fast && p.k_axis == 0) {
+    sweep_rows(w, grad, size, out.data());
+  } else if (fast) {
     sweep(
         w,
         [&](int64_t k, int64_t n, const lr::Block& b, float& df) {

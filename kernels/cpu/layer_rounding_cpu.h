@@ -1,6 +1,7 @@
 // layer_round_weight and layer_round_step on the host (kernels/layer_rounding.h's element math): the
 // reference walks block columns one after another (`*_ref`); the fast version sweeps tiles of columns on
-// the threads, rows in order within a tile (a [K, N] weight's rows are contiguous), the same bits.
+// the threads, rows in order within a tile (a [K, N] weight's rows are contiguous, and there the row's
+// element math runs over arrays the compiler vectorizes), the same bits.
 #pragma once
 #include "kernels/backend.h"
 

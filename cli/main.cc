@@ -160,7 +160,9 @@ void add_precision_and_run_flags(CLI::App& q, nibble::QuantizeOptions& o, NamedC
              "Layer by layer: calibrate each layer group just before its search instead of beside the search of "
              "the group before (the default on the CPU): less peak memory, the next group's statistics not held "
              "while one is searched (2-layer 7B-shaped awq_lite: 3.36 GB against 3.99 GB), and no slower where "
-             "the search keeps every core busy; beside it was 1-5.5 s faster on SmolLM2-135M awq_lite");
+             "the search keeps every core busy; beside it was 1-5.5 s faster on SmolLM2-135M awq_lite. With "
+             "awq_learned_layer the next group's scale search, run beside this group's learning by default, "
+             "waits too (the same bytes)");
   q.add_flag("--resume", o.resume,
              "Layer by layer: continue a stopped run (same flags) from its first unfinished layer (or "
              "unmeasured layer of the sensitivity sweep)");

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -128,33 +129,72 @@ Output output_of(const GraphRun& g, size_t first, size_t end, const GraphRun::St
   return out;
 }
 
-using Targets = std::map<std::string, Floats>;
+// One output's target on a batch: the float layer's values, and each token row's weight in the objective.
+struct Target {
+  Floats y;
+  std::vector<float> row_weight;  // one per row of the last axis
+  size_t row = 1;                 // the last axis
+};
+using Targets = std::map<std::string, Target>;
 
-Targets targets_of(const Output& out, const std::map<std::string, Value>& values) {
+}  // namespace
+
+// Why weigh: on Qwen2.5-Coder-1.5B a few tokens' rows carry values thousands of times the others' (massive
+// activations) and ruled the plain sum; the steps then raised layer 1's objective ninefold. Weighed, it fell.
+std::vector<float> token_row_weights(const float* t, size_t n, size_t row, bool weigh) {
+  const size_t rows = n / row;
+  std::vector<float> w(rows, 1.0f);
+  if (!weigh || rows == 0) return w;
+  std::vector<double> ms(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    double a = 0;
+    for (size_t j = 0; j < row; ++j) a += double(t[r * row + j]) * t[r * row + j];
+    ms[r] = a / double(row);
+  }
+  std::vector<double> sorted = ms;
+  std::nth_element(sorted.begin(), sorted.begin() + ptrdiff_t(rows / 2), sorted.end());
+  const double median = sorted[rows / 2];
+  for (size_t r = 0; r < rows; ++r) w[r] = ms[r] > median ? float(median / ms[r]) : 1.0f;
+  return w;
+}
+
+namespace {
+
+size_t last_axis(const Value& v) { return v.shape.empty() || v.shape.back() <= 0 ? 1 : size_t(v.shape.back()); }
+
+Targets targets_of(const Output& out, const std::map<std::string, Value>& values, bool weigh) {
   Targets t;
-  for (const auto& n : out.singles) t[n] = forward::to_floats(values.at(n));
+  const auto one = [&](const std::string& key, Floats y, size_t row) {
+    std::vector<float> w = token_row_weights(y.data(), y.size(), row, weigh);
+    t[key] = Target{std::move(y), std::move(w), row};
+  };
+  for (const auto& n : out.singles) one(n, forward::to_floats(values.at(n)), last_axis(values.at(n)));
   for (const auto& [a, b] : out.pairs) {
     Floats s = forward::to_floats(values.at(a));
     const Floats y = forward::to_floats(values.at(b));
     for (size_t i = 0; i < s.size(); ++i) s[i] += y[i];
-    t[a + "+" + b] = std::move(s);
+    one(a + "+" + b, std::move(s), last_axis(values.at(a)));
   }
   return t;
 }
 
-// The objective (mean squared error per output value, summed) and, with `seeds`, its gradient per value.
+// The objective (the mean over output values of the squared error, each token row's weighted; summed over the
+// outputs) and, with `seeds`, its gradient per value.
 double objective(const Output& out, const std::map<std::string, Value>& values, const Targets& target,
                  std::map<std::string, Floats>* seeds) {
   double loss = 0.0;
   auto one = [&](const std::string& key, const Floats& y, const std::vector<std::string>& names) {
-    const Floats& t = target.at(key);
+    const Target& t = target.at(key);
     double sq = 0.0;
-    for (size_t i = 0; i < y.size(); ++i) sq += double(y[i] - t[i]) * double(y[i] - t[i]);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const double e = double(y[i] - t.y[i]);
+      sq += double(t.row_weight[i / t.row]) * e * e;
+    }
     loss += sq / double(y.size());
     if (!seeds) return;
     Floats d(y.size());
     const float k = 2.0f / float(y.size());
-    for (size_t i = 0; i < y.size(); ++i) d[i] = k * (y[i] - t[i]);
+    for (size_t i = 0; i < y.size(); ++i) d[i] = k * t.row_weight[i / t.row] * (y[i] - t.y[i]);
     for (const auto& n : names) (*seeds)[n] = d;
   };
   for (const auto& n : out.singles) one(n, forward::to_floats(values.at(n)), {n});
@@ -184,7 +224,8 @@ Learned learned_of(LearnedWeight& w, kernels::Backend& backend) {
   p.rows = w.rows, p.cols = w.cols, p.k_axis = w.k_axis;
   p.block = w.spec.block, p.bits = w.spec.bits, p.zero_point = w.spec.zero_point;
   p.scale_dtype = w.scale_dtype;
-  p.w = w.w.data();
+  const std::vector<float>& base = w.base.empty() ? w.w : w.base;
+  p.w = base.data();
   p.scale0 = w.q.scales.data();
   p.zp = w.spec.zero_point ? w.q.zero_points.data() : nullptr;
   p.s = w.s.empty() ? nullptr : w.s.data();
@@ -197,7 +238,7 @@ Learned learned_of(LearnedWeight& w, kernels::Backend& backend) {
   const auto up = [&](DType t, int64_t n, const void* data) {
     return n ? backend.upload(host_view(t, {n}, data)) : kernels::Tensor{};
   };
-  q.w = backend.upload(host_view(DType::kFloat32, {w.rows, w.cols}, w.w.data()));
+  q.w = backend.upload(host_view(DType::kFloat32, {w.rows, w.cols}, base.data()));
   q.scale0 = up(DType::kFloat32, int64_t(w.q.scales.size()), w.q.scales.data());
   if (w.spec.zero_point) q.zero_points = up(DType::kUInt8, int64_t(w.q.zero_points.size()), w.q.zero_points.data());
   q.s = up(DType::kFloat32, int64_t(w.s.size()), w.s.data());
@@ -206,6 +247,45 @@ Learned learned_of(LearnedWeight& w, kernels::Backend& backend) {
          host_view(DType::kFloat32, {int64_t(l.f.size())}, l.f.data()), {}};
   return l;
 }
+
+}  // namespace
+
+int64_t set_rounding_base(LearnedWeight& w) {
+  // Within this much of its code's level: the rounding boundary is 0.5 away, and the margin holds the
+  // division's rounding error many times over.
+  constexpr float kMargin = 0.49f;
+  std::vector<float> none_f(w.q.scales.size(), 0.0f);
+  lr::Weight p;
+  p.rows = w.rows, p.cols = w.cols, p.k_axis = w.k_axis;
+  p.block = w.spec.block, p.bits = w.spec.bits, p.zero_point = w.spec.zero_point;
+  p.scale_dtype = w.scale_dtype;
+  p.scale0 = w.q.scales.data();
+  p.zp = w.spec.zero_point ? w.q.zero_points.data() : nullptr;
+  p.f = none_f.data();
+  w.base.assign(w.w.size(), 0.0f);
+  int64_t missed = 0;
+  for (int64_t n = 0; n < p.N(); ++n)
+    for (int64_t k = 0; k < p.K(); ++k) {
+      const int64_t i = p.index(k, n), pi = p.param(k, n);
+      const lr::Block b = lr::block_of(p, pi);
+      const uint8_t code = w.q.codes[size_t(i)];
+      const float c = w.spec.zero_point ? float(code) : float(int8_t(code));
+      const float d = w.w[size_t(i)] / b.scale + b.zero - c;  // how far the weight lies from its code's level
+      const bool beyond = (c == p.highest() && d > 0.0f) || (c == p.lowest() && d < 0.0f);  // clamped there anyway
+      float x = w.w[size_t(i)];
+      if (!beyond && std::fabs(d) > kMargin) x = (c - b.zero + (d < 0.0f ? -kMargin : kMargin)) * b.scale;
+      const auto rounds_to = [&](float y) {
+        const float l = kernels::hd::rint(y / b.scale + b.zero);
+        return (l < p.lowest() ? p.lowest() : (l > p.highest() ? p.highest() : l)) == c;
+      };
+      if (!rounds_to(x)) x = (c - b.zero) * b.scale;
+      missed += !rounds_to(x);
+      w.base[size_t(i)] = x;
+    }
+  return missed;
+}
+
+namespace {
 
 // A float32 tensor's values as Floats (the CPU's host data read in place, a device's downloaded).
 Floats floats_of(kernels::Backend& backend, const kernels::Tensor& t) {
@@ -273,7 +353,7 @@ class GroupLearning {
       input_.push_back(qu[b]);
       g_.advance(fl[b], end, {}, {});
       if (b == 0) out_ = output_of(g_, first, end, fl[b]);
-      target_.push_back(targets_of(out_, fl[b].live));
+      target_.push_back(targets_of(out_, fl[b].live, o_.weigh_tokens));
     }
     // At most kGuardBatches spread evenly (each a forward of the layer: over all 64 of SmolLM2's samples, a
     // quarter of the learning's time).
@@ -332,7 +412,8 @@ class GroupLearning {
       GraphRun::State s = input_[b];
       const forward::Tape tape = forward::run_taped(g_, s, end_);
       std::map<std::string, Floats> seeds;
-      objective(out_, tape.values, target_[b], &seeds);
+      const double loss = objective(out_, tape.values, target_[b], &seeds);
+      spdlog::debug("layer learning: step {}, sample {}: objective {:.5g}", t, b, loss);
       lap(t_fwd);
       const std::map<std::string, Floats> grads = forward::backward(g_, tape, std::move(seeds), wrt);
       lap(t_bwd);

@@ -5,8 +5,9 @@
 //
 // The layer's segment runs from its first MatMul to the node after its last; its output is what the nodes
 // after the segment read of the values computed inside it (the residual stream). The objective is the mean
-// squared difference of that output from the float model's on the same calibration batch: the float
-// layer on the float model's activations. Its input: the outputs of the layers already learned (AutoRound's
+// squared difference of that output from the float model's on the same calibration batch (the float
+// layer on the float model's activations), each token's row weighed down where the target's row is larger
+// than the median row (weigh_tokens). Its input: the outputs of the layers already learned (AutoRound's
 // way, a second stream of activations; on the float model's activations instead it closed 31% of awq_gptq's
 // gap to the float model on SmolLM2 fp32 against 43%). Where a residual sum joins two output values (the next node an Add or a
 // skip norm reading both), the error is that of their sum.
@@ -31,6 +32,9 @@ struct LayerLearningOptions {
   double lr = 0;             // the first step, in levels (0: 1 / iters, AutoRound's default); falls linearly to 0
   // Calibration samples per step (0: the batches as the engine joins them, up to 1024 tokens).
   int samples = 1;
+  // Each token row's squared error weighed down to the median row's size where the float target is larger
+  // (objective in layer_learning.cc); false: the plain mean.
+  bool weigh_tokens = true;
   bool quiet = false;
 };
 
@@ -41,11 +45,23 @@ struct LearnedWeight {
   int64_t rows = 0, cols = 0;
   int k_axis = 0;
   std::vector<float> w;  // W' = W ⊙ s (/ d) in float32, laid out as the weight
+  // The unrounded values the offsets move, laid out as w; empty: w itself. A start whose codes are not w's
+  // nearest levels (GPTQ's) gives values that round to its codes (rounding_base_for_codes).
+  std::vector<float> base;
   std::vector<float> s, divisor;  // AWQ's s (K) and a consumer's divisor (N); empty where none
   kernels::QuantSpec spec;
   int scale_dtype = 0;  // kernels::hd's type code of the scales
   kernels::QuantResult q;  // in: the starting codes, scales, zero points; out: the learned ones
 };
+
+// Fills w.base from w.w and the start w.q: values whose nearest levels are q's codes (at zero offsets and
+// factors), each as near its weight as that allows. Returns how many elements could not be made to round to
+// their code (none but a block of scale 0).
+int64_t set_rounding_base(LearnedWeight& w);
+
+// Each row's weight in the objective, for a target of n values in rows of `row`: 1, or with `weigh` the
+// median row's mean square over the row's own where that is larger.
+std::vector<float> token_row_weights(const float* target, size_t n, size_t row, bool weigh);
 
 struct LayerLearningStats {
   // Over up to 16 of the steps' batches, spread evenly (all of them where there are no more).

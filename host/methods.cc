@@ -109,11 +109,11 @@ const std::vector<MethodFlag>& method_flags() {
       {"gptq_percdamp",
        "GPTQ: dampening added to the diagonal of XᵀX, as a share of its mean (AutoGPTQ's and ONNX Runtime's "
        "default)",
-       nullptr, &QuantizeOptions::gptq_percdamp, nullptr, 0, 1, gptq, "runs no GPTQ"},
+       nullptr, &QuantizeOptions::gptq_percdamp, nullptr, 0, 1, gptq, "runs no GPTQ", true},
       {"gptq_act_order",
        "GPTQ: quantize input channels by decreasing activation energy (blocks stay contiguous: each block's "
        "scale is fixed when the sweep first reaches one of its channels)",
-       nullptr, nullptr, &QuantizeOptions::gptq_act_order, 0, 0, gptq, "runs no GPTQ"},
+       nullptr, nullptr, &QuantizeOptions::gptq_act_order, 0, 0, gptq, "runs no GPTQ", true},
       {"learned_iters", "awq_learned: sign steps on each weight's rounding offset (AutoRound's update)",
        &QuantizeOptions::learned_iters, nullptr, nullptr, 0, 100000, learned, "learns no rounding"},
       {"learned_lr", "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0",
@@ -127,6 +127,14 @@ const std::vector<MethodFlag>& method_flags() {
       {"learned_layer_samples",
        "awq_learned_layer: calibration samples per step (0: as many as the layer engine joins, up to 1024 tokens)",
        &QuantizeOptions::learned_layer_samples, nullptr, nullptr, 0, 100000, layers, "learns no layer"},
+      {"learned_layer_from_gptq",
+       "awq_learned_layer: start from awq_gptq's codes and block scales (GPTQ on W ⊙ s in each layer) instead of "
+       "awq_lite's",
+       nullptr, nullptr, &QuantizeOptions::learned_layer_from_gptq, 0, 0, layers, "learns no layer"},
+      {"learned_layer_unweighted",
+       "awq_learned_layer: every token weighs the same in the layer's output error (by default a token whose float "
+       "output is larger than the median token's weighs as much as that one)",
+       nullptr, nullptr, &QuantizeOptions::learned_layer_unweighted, 0, 0, layers, "learns no layer"},
   };
   return flags;
 }

@@ -85,6 +85,7 @@ struct MethodFlag {
   double min, max;                      // the accepted range of a value
   bool (*read_by)(const Method&);       // the methods that read it
   const char* others_lack;              // what the other methods lack: "runs no GPTQ"
+  bool read_by_gptq_start = false;      // GPTQ's: read too by a learning method started from GPTQ's codes
 };
 const std::vector<MethodFlag>& method_flags();
 // Its value in o, as JSON (the report), and whether o changed it from the default.

@@ -54,6 +54,8 @@ struct QuantizeOptions {
   int learned_layer_iters = 50;
   double learned_layer_lr = 0;
   int learned_layer_samples = 1;  // calibration samples per step (0: the engine's joined batches)
+  bool learned_layer_from_gptq = false;  // start from awq_gptq's codes and scales instead of awq_lite's
+  bool learned_layer_unweighted = false;  // every token's row weighs the same in the objective
   bool enable_mixed_quant = false;
   std::string layers_8bit;
   std::optional<int> gather_quantize_axis;  // axis of the [V, H] table the blocks run along; absent: float

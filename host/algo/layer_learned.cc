@@ -58,13 +58,16 @@ LayerLearningOptions layer_learning_options(const QuantizeOptions& o) {
   l.iters = o.learned_layer_iters;
   l.lr = o.learned_layer_lr;
   l.samples = o.learned_layer_samples;
+  l.weigh_tokens = !o.learned_layer_unweighted;
   l.quiet = o.quiet;
   return l;
 }
 
 LayerLearnedQuantizer::LayerLearnedQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend,
                                              LayerLearner* learner, int group, std::string why)
-    : o_(o), calib_(calib), backend_(backend), learner_(learner), group_(group), why_(std::move(why)) {}
+    : o_(o), calib_(calib), backend_(backend), learner_(learner), group_(group), why_(std::move(why)) {
+  if (o.learned_layer_from_gptq) gptq_ = std::make_unique<GptqQuantizer>(o, calib, backend);
+}
 
 void LayerLearnedQuantizer::begin_group(const std::vector<GroupWeight>& weights) {
   std::vector<LearnedWeight> ws;
@@ -76,7 +79,10 @@ void LayerLearnedQuantizer::begin_group(const std::vector<GroupWeight>& weights)
     lw.rows = pw.rows, lw.cols = pw.cols, lw.k_axis = pw.k_axis;
     lw.spec = g.spec;
     lw.scale_dtype = int(kernels::scale_type(g.spec, pw.dtype));
-    if (g.awq_scale) {  // awq_lite's own result: the start
+    if (gptq_) {  // awq_gptq's result: the start (siblings share their factor)
+      gptq_->quantize(pw, g.w, g.spec, g.awq_scale, lw.q);
+      if (g.awq_scale) lw.s = *g.awq_scale;
+    } else if (g.awq_scale) {  // awq_lite's own result: the start
       quantize_awq_scaled(o_, pw, g.w, g.spec, *g.awq_scale, calib_, backend_, lw.q);
       lw.s = *g.awq_scale;
     } else {
@@ -84,13 +90,17 @@ void LayerLearnedQuantizer::begin_group(const std::vector<GroupWeight>& weights)
     }
     if (g.divisor) lw.divisor = *g.divisor;
     if (learner_) lw.w = host_floats(backend_, g.w);
+    if (learner_ && gptq_) {
+      if (const int64_t missed = set_rounding_base(lw))
+        spdlog::warn("{}: {} of its GPTQ codes are not any value's nearest level (a block of scale 0)", lw.name, missed);
+    }
     ws.push_back(std::move(lw));
   }
   const std::lock_guard<std::mutex> lock(totals_mutex);
   if (learner_) {
     const LayerLearningStats st = learner_->learn(ws);
     spdlog::info("layer group {}: learned rounding, objective {:.4g} -> {:.4g}{}, {} codes moved, {:.1f} s", group_,
-                 st.objective_start, st.objective_end, st.kept_start ? " (no lower: awq_lite's codes kept)" : "",
+                 st.objective_start, st.objective_end, st.kept_start ? (gptq_ ? " (no lower: awq_gptq's codes kept)" : " (no lower: awq_lite's codes kept)") : "",
                  st.codes_moved, st.seconds);
     totals.objective_start += st.objective_start;
     totals.objective_end += st.kept_start ? st.objective_start : st.objective_end;

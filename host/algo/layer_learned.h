@@ -1,4 +1,4 @@
-// awq_learned_layer: awq_lite's scales and codes for a layer group's weights, then their rounding and block
+// awq_learned_layer: awq_lite's scales and codes (or awq_gptq's) for a layer group's weights, then their rounding and block
 // scales learned together on the layer's whole output (calib/layer_learning.h). Emit hands the quantizer the
 // group's weights at once (CalibratedQuantizer::begin_group); it learns them, then gives each its result.
 #pragma once
@@ -12,6 +12,7 @@
 #include "calib/calibration.h"
 #include "calib/layer_learning.h"
 #include "host/algo/calibrated_quantizer.h"
+#include "host/algo/gptq.h"
 #include "host/options.h"
 #include "kernels/backend.h"
 
@@ -37,6 +38,7 @@ class LayerLearnedQuantizer : public CalibratedQuantizer {
   int group_;
   std::string why_;
   std::map<std::string, kernels::QuantResult> results_;
+  std::unique_ptr<GptqQuantizer> gptq_;  // --learned_layer_from_gptq: the start
 };
 
 // What the run's layer learning did (the report's summary.layer_learning).

@@ -2,8 +2,8 @@
 
 On a generated two-layer decoder of ONNX Runtime GenAI's Qwen2 form (packed q/k/v with bias,
 GroupQueryAttention with rotary, SkipSimplifiedLayerNormalization, SiLU MLP; test_forward.py's generator):
-the learned layers' output error falls below awq_lite's start, the quantized model's logits on held-out
-tokens are nearer the float model's than awq_lite's and awq_gptq's, the emulated device writes the CPU's
+the learned layers' output error falls below awq_lite's start (and below awq_gptq's, starting there), the
+quantized model's logits on held-out tokens are nearer the float model's than awq_lite's and awq_gptq's, the emulated device writes the CPU's
 bytes; a layer form without a reverse pass keeps awq_lite's codes and says why; the refusals.
 """
 from __future__ import annotations
@@ -74,6 +74,47 @@ def test_learning_on_the_learned_layers_outputs(nibble, qwen2, tmp_path):
     assert logits_error(qwen2, str(tmp_path / "fq" / "model.onnx")) < logits_error(qwen2, str(tmp_path / "lite" / "model.onnx"))
     with open(data_file(str(tmp_path / "fq" / "model.onnx")), "rb") as a, \
             open(data_file(str(tmp_path / "default" / "model.onnx")), "rb") as b:
+        assert a.read() != b.read()
+
+
+def test_learning_from_gptqs_codes(nibble, qwen2, tmp_path):
+    """--learned_layer_from_gptq starts from awq_gptq's codes and block scales: without steps the result is
+    awq_gptq's, byte for byte (each weight's rounding base rounds to GPTQ's codes; GPTQ's own flags act);
+    without the flag GPTQ's flags have no effect; with steps the layers'
+    output error falls below that start, and the logits on held-out tokens are nearer the float model's."""
+    quantize(nibble, qwen2, str(tmp_path / "gptq"), "awq_gptq", "--gptq_percdamp", "0.02")
+    zero = quantize(nibble, qwen2, str(tmp_path / "zero"), "awq_learned_layer", "--learned_layer_from_gptq",
+                    "--learned_layer_iters", "0", "--gptq_percdamp", "0.02")
+    assert "no effect" not in zero["stderr"]  # GPTQ's flags act on the start
+    rep = quantize(nibble, qwen2, str(tmp_path / "learned"), "awq_learned_layer", "--learned_layer_from_gptq",
+                   "--learned_layer_iters", "100")
+    assert "no effect" not in rep["stderr"] and "nearest level" not in rep["stderr"]
+    with open(data_file(str(tmp_path / "zero" / "model.onnx")), "rb") as a, \
+            open(data_file(str(tmp_path / "gptq" / "model.onnx")), "rb") as b:
+        assert a.read() == b.read()
+    assert zero["summary"]["layer_learning"]["codes_moved"] == 0
+    s = rep["summary"]["layer_learning"]
+    assert s["layers"] == 2 and s["layers_kept_start"] == 0, s
+    assert 0 < s["objective_learned"] < 0.9 * s["objective_start"], s
+    err = {run: logits_error(qwen2, str(tmp_path / run / "model.onnx")) for run in ("gptq", "learned")}
+    print({run: f"{e:.4g}" for run, e in err.items()})
+    assert err["learned"] < err["gptq"]
+    lite = nibble.quantize(qwen2, str(tmp_path / "lite" / "model.onnx"), "--algo", "awq_learned_layer", *CALIB,
+                           "--learned_layer_iters", "0", "--gptq_percdamp", "0.02")
+    assert "--gptq_percdamp 0.02: no effect: --algo awq_learned_layer runs no GPTQ" in lite.stderr
+
+
+def test_the_unweighted_objective_acts(nibble, qwen2, tmp_path):
+    """--learned_layer_unweighted: every token's row weighs the same in the objective. It acts (other codes than
+    the default's) and still learns (the objective falls)."""
+    rep = quantize(nibble, qwen2, str(tmp_path / "plain"), "awq_learned_layer", "--learned_layer_iters", "20",
+                   "--learned_layer_unweighted")
+    quantize(nibble, qwen2, str(tmp_path / "weighted"), "awq_learned_layer", "--learned_layer_iters", "20")
+    assert "no effect" not in rep["stderr"]
+    s = rep["summary"]["layer_learning"]
+    assert 0 < s["objective_learned"] < s["objective_start"], s
+    with open(data_file(str(tmp_path / "plain" / "model.onnx")), "rb") as a, \
+            open(data_file(str(tmp_path / "weighted" / "model.onnx")), "rb") as b:
         assert a.read() != b.read()
 
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "calib/layer_learning.h"
+#include "kernels/hd_float.h"
 
 namespace nibble {
 namespace {
@@ -26,7 +27,7 @@ TEST(RoundingBase, RoundsToTheStartsCodesNearestTheWeights) {
   LearnedWeight w;
   w.rows = 8, w.cols = 1, w.k_axis = 0;
   w.spec.block = 8, w.spec.bits = 4, w.spec.zero_point = true;
-  w.scale_dtype = 0;  // float32
+  w.scale_dtype = kernels::hd::kF32;
   w.w = {0.1f, 0.3f, -0.9f, 1.2f, 3.6f, -4.4f, 0.0f, 0.74f};
   w.q.scales = {0.5f};
   w.q.zero_points = {8};

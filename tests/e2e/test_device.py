@@ -23,6 +23,9 @@ def has_gpu(nibble) -> bool:
     return "no usable CUDA device" not in r.stderr and "has no CUDA backend" not in r.stderr
 
 
+# `slow`: the sanitizer pass runs the same checks (check_backend_ops on both backends) in its unit tests
+# (BackendOps.EveryOperationOnEveryBackendMatchesTheReference), where they took 200 s more here.
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
 def test_selftest_passes_every_operation(nibble, device):
     r = nibble.run("selftest", "--device", device, timeout=600)

@@ -117,8 +117,9 @@ CALIBRATED = {
 }
 
 
-# awq_clip, the sensitivity run (awq_lite's search inside) and the layer engine stay under the sanitizers.
-CALIBRATED_CASES = [pytest.param(c, marks=() if c in ("awq_clip", "mixed_sensitivity", "awq_lite_native")
+# awq_clip and the layer engine stay under the sanitizers; the sensitivity run (three runs of 100 s there)
+# does not: test_mixed.py's sensitivity tests run that code under them once each.
+CALIBRATED_CASES = [pytest.param(c, marks=() if c in ("awq_clip", "awq_lite_native")
                                  else pytest.mark.slow)
                     for c in sorted(CALIBRATED)]
 

@@ -115,9 +115,9 @@ const std::vector<MethodFlag>& method_flags() {
        "scale is fixed when the sweep first reaches one of its channels)",
        nullptr, nullptr, &QuantizeOptions::gptq_act_order, 0, 0, gptq, "runs no GPTQ", true},
       {"learned_iters", "awq_learned: sign steps on each weight's rounding offset (AutoRound's update)",
-       &QuantizeOptions::learned_iters, nullptr, nullptr, 0, 100000, learned, "learns no rounding"},
+       &QuantizeOptions::learned_iters, nullptr, nullptr, 0, 100000, learned, "learns no rounding", false, true},
       {"learned_lr", "awq_learned: the first sign step, in quantization levels; the steps fall linearly to 0",
-       nullptr, &QuantizeOptions::learned_lr, nullptr, 0, 1, learned, "learns no rounding"},
+       nullptr, &QuantizeOptions::learned_lr, nullptr, 0, 1, learned, "learns no rounding", false, true},
       {"learned_layer_iters", "awq_learned_layer: sign steps per decoder layer, each on --learned_layer_samples calibration samples",
        &QuantizeOptions::learned_layer_iters, nullptr, nullptr, 0, 100000, layers, "learns no layer"},
       {"learned_layer_lr",
@@ -131,6 +131,11 @@ const std::vector<MethodFlag>& method_flags() {
        "awq_learned_layer: start from awq_gptq's codes and block scales (GPTQ on W ⊙ s in each layer) instead of "
        "awq_lite's",
        nullptr, nullptr, &QuantizeOptions::learned_layer_from_gptq, 0, 0, layers, "learns no layer"},
+      {"learned_layer_sweeps",
+       "awq_learned_layer: start from awq_learned's codes (awq_gptq's, then greedy single-level moves on each "
+       "linear's output error; --learned_iters and --learned_lr act) instead of awq_lite's; implies "
+       "--learned_layer_from_gptq",
+       nullptr, nullptr, &QuantizeOptions::learned_layer_sweeps, 0, 0, layers, "learns no layer"},
       {"learned_layer_unweighted",
        "awq_learned_layer: every token weighs the same in the layer's output error (by default a token whose float "
        "output is larger than the median token's weighs as much as that one)",

@@ -86,6 +86,7 @@ struct MethodFlag {
   bool (*read_by)(const Method&);       // the methods that read it
   const char* others_lack;              // what the other methods lack: "runs no GPTQ"
   bool read_by_gptq_start = false;      // GPTQ's: read too by a learning method started from GPTQ's codes
+  bool read_by_sweeps_start = false;    // awq_learned's: read too by one started from its sweeps' codes
 };
 const std::vector<MethodFlag>& method_flags();
 // Its value in o, as JSON (the report), and whether o changed it from the default.

@@ -100,6 +100,9 @@ Format QuantizeOptions::resolved_format() const { return format ? *format : meth
 bool QuantizeOptions::searches_scales() const { return method(algo).measures.scale_search; }
 bool QuantizeOptions::searches_clip() const { return method(algo).measures.clip_search; }
 bool QuantizeOptions::uses_gptq() const { return method(algo).measures.gptq; }
+bool QuantizeOptions::learns_layers_from_gptq() const {
+  return method(algo).learns_layers && (learned_layer_from_gptq || learned_layer_sweeps);
+}
 bool QuantizeOptions::zero_point() const { return method(algo).zero_point(zero_point_flag); }
 
 MixedStrategy QuantizeOptions::mixed_strategy() const {

@@ -55,6 +55,7 @@ struct QuantizeOptions {
   double learned_layer_lr = 0;
   int learned_layer_samples = 1;  // calibration samples per step (0: the engine's joined batches)
   bool learned_layer_from_gptq = false;  // start from awq_gptq's codes and scales instead of awq_lite's
+  bool learned_layer_sweeps = false;  // start from awq_learned's: GPTQ's codes refined by its greedy sweeps
   bool learned_layer_unweighted = false;  // every token's row weighs the same in the objective
   bool enable_mixed_quant = false;
   std::string layers_8bit;
@@ -90,6 +91,8 @@ struct QuantizeOptions {
   bool searches_scales() const;
   bool searches_clip() const;
   bool uses_gptq() const;
+  // awq_learned_layer started from GPTQ's codes (--learned_layer_from_gptq or --learned_layer_sweeps).
+  bool learns_layers_from_gptq() const;
   // Whether the method writes zero points: --use_zero_point, or always where its record says it fits them
   // (hqq).
   bool zero_point() const;

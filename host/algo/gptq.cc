@@ -11,8 +11,9 @@
 
 namespace nibble {
 
-GptqQuantizer::GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend)
-    : learned_(method(o.algo).learned_rounding), learned_opt_(learned_rounding_options(o)), o_(o), calib_(calib),
+GptqQuantizer::GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend,
+                             bool learned_rounding)
+    : learned_(learned_rounding), learned_opt_(learned_rounding_options(o)), o_(o), calib_(calib),
       backend_(backend) {
   opt_.ratios = block_clip_ratios();
   opt_.both_signs = true;

@@ -24,7 +24,8 @@ constexpr int64_t kGptqCalibrationBudgetMb = 256;
 
 class GptqQuantizer : public CalibratedQuantizer {
  public:
-  GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend);
+  // learned_rounding: each weight's codes are then refined by awq_learned's sweeps (host/algo/learned_rounding.h).
+  GptqQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend, bool learned_rounding);
 
   // Quantizes the weight the pipeline prepared (W, or W ⊙ s for awq_gptq; awq_scale: that s) into q;
   // for awq_learned, its rounding is then learned (host/algo/learned_rounding.h).

@@ -66,7 +66,8 @@ LayerLearningOptions layer_learning_options(const QuantizeOptions& o) {
 LayerLearnedQuantizer::LayerLearnedQuantizer(const QuantizeOptions& o, Calibration& calib, kernels::Backend& backend,
                                              LayerLearner* learner, int group, std::string why)
     : o_(o), calib_(calib), backend_(backend), learner_(learner), group_(group), why_(std::move(why)) {
-  if (o.learned_layer_from_gptq) gptq_ = std::make_unique<GptqQuantizer>(o, calib, backend);
+  if (o.learns_layers_from_gptq())
+    gptq_ = std::make_unique<GptqQuantizer>(o, calib, backend, /*learned_rounding=*/o.learned_layer_sweeps);
 }
 
 void LayerLearnedQuantizer::begin_group(const std::vector<GroupWeight>& weights) {

@@ -38,7 +38,7 @@ class LayerLearnedQuantizer : public CalibratedQuantizer {
   int group_;
   std::string why_;
   std::map<std::string, kernels::QuantResult> results_;
-  std::unique_ptr<GptqQuantizer> gptq_;  // --learned_layer_from_gptq: the start
+  std::unique_ptr<GptqQuantizer> gptq_;  // --learned_layer_from_gptq / --learned_layer_sweeps: the start
 };
 
 // What the run's layer learning did (the report's summary.layer_learning).

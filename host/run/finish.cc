@@ -153,7 +153,7 @@ void report_stage(const QuantizeOptions& o, const Planned& planned, const Emitte
                                {"tensors", e.read.tensors},            {"seconds", e.read.seconds},
                                {"wait_seconds", e.read.wait_seconds},  {"threads", e.read.threads}};
   if (!planned.mixed.strategy.empty()) report["summary"]["mixed"] = planned.mixed.summary;
-  if (method(o.algo).learned_rounding) {
+  if (method(o.algo).learned_rounding || (o.learns_layers_from_gptq() && o.learned_layer_sweeps)) {
     const LearnedRoundingTotals l = learned_rounding_totals();
     report["summary"]["learned_rounding"] = {{"objective_gptq", l.objective_gptq},
                                              {"objective_learned", l.objective_learned},

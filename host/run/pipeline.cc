@@ -44,9 +44,11 @@ void warn_inert_flags(const QuantizeOptions& o) {
     spdlog::warn("--gather_block_size {}: no effect without --gather_quantize_axis (as in ModelOpt, the axis "
                  "turns Gather quantization on): embeddings stay float", o.gather_block_size);
   warn_inert_arithmetic_flags(o);
-  const bool gptq_start = method(o.algo).learns_layers && o.learned_layer_from_gptq;
+  const bool gptq_start = o.learns_layers_from_gptq();
+  const bool sweeps_start = gptq_start && o.learned_layer_sweeps;
   for (const MethodFlag& f : method_flags())
-    if (!f.read_by(method(o.algo)) && !(gptq_start && f.read_by_gptq_start) && flag_given(f, o)) {
+    if (!f.read_by(method(o.algo)) && !(gptq_start && f.read_by_gptq_start) &&
+        !(sweeps_start && f.read_by_sweeps_start) && flag_given(f, o)) {
       const std::string readers = method_names(f.read_by);
       spdlog::warn("--{}{}: no effect: --algo {} {} ({} {})", f.name,
                    f.switch_value ? std::string() : " " + flag_value(f, o).dump(), name_of(o.algo),

@@ -126,7 +126,7 @@ void search_calibrated(const QuantizeOptions& o, OnnxModel& model, Planned& plan
     s.quantizer = make_clip_search(o, *s.calib, backend, model, plan, awq ? &s.per_node : nullptr);
     spdlog::info("clip search ({} mode): {:.1f} s", name_of(o.arithmetic), seconds_since(tk));
   }
-  if (o.uses_gptq()) s.quantizer = std::make_unique<GptqQuantizer>(o, *s.calib, backend);
+  if (o.uses_gptq()) s.quantizer = std::make_unique<GptqQuantizer>(o, *s.calib, backend, method(o.algo).learned_rounding);
   // The next group's forward reads some of these weights (a layer's last product runs with the next
   // layer): it takes the copies the searches left on the device.
   if (o.calib.layer_engine)

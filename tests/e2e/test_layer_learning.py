@@ -104,6 +104,33 @@ def test_learning_from_gptqs_codes(nibble, qwen2, tmp_path):
     assert "--gptq_percdamp 0.02: no effect: --algo awq_learned_layer runs no GPTQ" in lite.stderr
 
 
+def test_learning_from_awq_learneds_codes(nibble, qwen2, tmp_path):
+    """--learned_layer_sweeps starts from awq_learned's codes (GPTQ's, refined by greedy single-level moves on each
+    linear's output error): without steps the result is awq_learned's, byte for byte, and its flags act; the
+    report gives the sweeps' summary beside the layers'. Without the switch those flags have no effect."""
+    flags = ["--learned_iters", "5", "--learned_lr", "0.01"]
+    sweeps = quantize(nibble, qwen2, str(tmp_path / "awq_learned"), "awq_learned", *flags)
+    zero = quantize(nibble, qwen2, str(tmp_path / "zero"), "awq_learned_layer", "--learned_layer_sweeps",
+                    "--learned_layer_iters", "0", *flags)
+    gptq = quantize(nibble, qwen2, str(tmp_path / "gptq"), "awq_learned_layer", "--learned_layer_from_gptq",
+                    "--learned_layer_iters", "0")
+    assert "no effect" not in zero["stderr"]
+    with open(data_file(str(tmp_path / "zero" / "model.onnx")), "rb") as a, \
+            open(data_file(str(tmp_path / "awq_learned" / "model.onnx")), "rb") as b:
+        assert a.read() == b.read()
+    assert zero["summary"]["learned_rounding"] == {**sweeps["summary"]["learned_rounding"],
+                                                   "seconds": zero["summary"]["learned_rounding"]["seconds"]}
+    moved = zero["summary"]["learned_rounding"]
+    assert moved["codes_moved"] > 0 and moved["objective_learned"] < moved["objective_gptq"], moved
+    s, g = zero["summary"]["layer_learning"], gptq["summary"]["layer_learning"]
+    print(f"layer objective from GPTQ's codes {g['objective_start']:.4g}, from the sweeps' {s['objective_start']:.4g}")
+    assert s["codes_moved"] == 0 and s["objective_start"] < g["objective_start"], (s, g)  # measured: 14% lower
+    assert "learned_rounding" not in gptq["summary"]
+    lite = nibble.quantize(qwen2, str(tmp_path / "lite" / "model.onnx"), "--algo", "awq_learned_layer", *CALIB,
+                           "--learned_layer_iters", "0", "--learned_lr", "0.01")
+    assert "--learned_lr 0.01: no effect: --algo awq_learned_layer learns no rounding" in lite.stderr
+
+
 def test_the_unweighted_objective_acts(nibble, qwen2, tmp_path):
     """--learned_layer_unweighted: every token's row weighs the same in the objective. It acts (other codes than
     the default's) and still learns (the objective falls)."""

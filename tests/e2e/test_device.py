@@ -24,7 +24,7 @@ def has_gpu(nibble) -> bool:
 
 
 # `slow`: the sanitizer pass runs the same checks (check_backend_ops on both backends) in its unit tests
-# (BackendOps.EveryOperationOnEveryBackendMatchesTheReference), where they took 200 s more here.
+# (OnEachBackend/EveryOperation.MatchesTheReference), where they took 200 s more here.
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda_emulated"])
 def test_selftest_passes_every_operation(nibble, device):

@@ -1,6 +1,7 @@
 // learned_rounding on the host (kernels/learned_rounding.h): the reference takes the rows one after the
-// other, the CPU backend's kernel spreads them over its threads. Rows are independent and each is computed
-// by the same function, so both give the same bits whatever the thread count.
+// other, the CPU backend's kernel spreads tiles of rows over its threads and computes a tile's residuals in
+// shared passes over the Gram matrix. Rows are independent and each row's sums are learn_row's, in its
+// order, so both give the same bits whatever the thread count.
 #pragma once
 #include "kernels/backend.h"
 

@@ -20,21 +20,45 @@ struct RowArrays {
   }
 };
 
+// r[k0, k1) += a_j·G_jk for four consecutive j, each r_k adding the four products in j order: the bits of
+// residual_row's one-j-at-a-time sums, with r loaded and stored once per four rows of G.
+void add_four_rows_of_g(double* __restrict r, const double* a, const double* __restrict g, int64_t K, int64_t k0,
+                        int64_t k1) {
+  const double a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+  const double *__restrict g0 = g, *__restrict g1 = g + K, *__restrict g2 = g + 2 * K, *__restrict g3 = g + 3 * K;
+  for (int64_t k = k0; k < k1; ++k) {
+    double x = r[k];
+    x += a0 * g0[k];
+    x += a1 * g1[k];
+    x += a2 * g2[k];
+    x += a3 * g3[k];
+    r[k] = x;
+  }
+}
+
 // learned::residual_row for several rows at once: G is read once per tile of channels for all of them
 // instead of once per row (K² doubles: on a wide weight, 642 MB per row, it ruled the time). Each r_k still
 // sums (e_j·s_j)·G_jk in j order, then s_k·r_k + damp·e_k: residual_row's bits.
 void residual_rows(const learned::Problem& p, const std::vector<learned::Row>& rows) {
   const int64_t K = p.K();
   constexpr int64_t kTile = 512;  // channels of r per pass: the rows' tiles stay in the L1 cache
-  for (const learned::Row& row : rows) std::fill(row.r, row.r + K, 0.0);
+  std::vector<double> a(size_t(rows.size() * K));  // e_j·s_j of each row
+  for (size_t t = 0; t < rows.size(); ++t) {
+    std::fill(rows[t].r, rows[t].r + K, 0.0);
+    for (int64_t j = 0; j < K; ++j) a[t * size_t(K) + size_t(j)] = rows[t].e[j] * p.s[j];
+  }
   for (int64_t k0 = 0; k0 < K; k0 += kTile) {
     const int64_t k1 = std::min(K, k0 + kTile);
-    for (int64_t j = 0; j < K; ++j) {
+    int64_t j = 0;
+    for (; j + 4 <= K; j += 4)
+      for (size_t t = 0; t < rows.size(); ++t)
+        add_four_rows_of_g(rows[t].r, a.data() + t * size_t(K) + j, p.gram + j * K, K, k0, k1);
+    for (; j < K; ++j) {
       const double* g = p.gram + j * K;
-      for (const learned::Row& row : rows) {
-        const double a = row.e[j] * p.s[j];
-        double* r = row.r;
-        for (int64_t k = k0; k < k1; ++k) r[k] += a * g[k];
+      for (size_t t = 0; t < rows.size(); ++t) {
+        const double aj = a[t * size_t(K) + size_t(j)];
+        double* r = rows[t].r;
+        for (int64_t k = k0; k < k1; ++k) r[k] += aj * g[k];
       }
     }
   }

@@ -15,18 +15,18 @@ namespace {
 constexpr int64_t kK = 96, kN = 40, kBlock = 32;
 
 // X [T, K] with a shared component and a few loud channels, as GPTQ's test builds it; channel `dead` silent.
-std::vector<double> make_gram(int64_t T, uint32_t seed, int64_t dead) {
+std::vector<double> make_gram(int64_t T, uint32_t seed, int64_t dead, int64_t K = kK) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> d;
-  std::vector<double> x(size_t(T * kK)), g(size_t(kK * kK), 0.0);
+  std::vector<double> x(size_t(T * K)), g(size_t(K * K), 0.0);
   for (int64_t t = 0; t < T; ++t) {
     const double common = d(rng);
-    for (int64_t k = 0; k < kK; ++k)
-      x[size_t(t * kK + k)] = k == dead ? 0.0 : (0.6 * common + d(rng)) * (k % 13 == 5 ? 6.0 : 1.0);
+    for (int64_t k = 0; k < K; ++k)
+      x[size_t(t * K + k)] = k == dead ? 0.0 : (0.6 * common + d(rng)) * (k % 13 == 5 ? 6.0 : 1.0);
   }
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < kK; ++i)
-      for (int64_t j = 0; j < kK; ++j) g[size_t(i * kK + j)] += x[size_t(t * kK + i)] * x[size_t(t * kK + j)];
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < K; ++j) g[size_t(i * K + j)] += x[size_t(t * K + i)] * x[size_t(t * K + j)];
   return g;
 }
 
@@ -109,6 +109,43 @@ TEST_P(LearnedRounding, LowersGptqsOutputErrorAndReportsItExactly) {
     EXPECT_EQ(threaded.codes, a.learned.codes);
     EXPECT_EQ(st.objective_learned, a.stats.objective_learned);
     EXPECT_EQ(threaded.sq_error, a.learned.sq_error);
+  }
+}
+
+// The threaded kernel's tiles (16 rows, 512 channels, four rows of G at a time) on a shape none of them
+// divides, with sign steps large enough that the restore takes rows back to earlier codes and their
+// residuals are computed again: the reference's bits.
+TEST(LearnedRoundingTiles, MatchTheReferenceOnAnOddShape) {
+  constexpr int64_t K = 523, N = 37;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  std::vector<float> w(size_t(K * N));
+  for (float& v : w) v = d(rng);
+  const WeightMatrix m{DType::kFloat32, w.data(), K, N, 0, {}};
+  QuantSpec spec;
+  spec.block = kBlock;
+  const auto g = make_gram(600, 13, 101, K);
+  std::vector<float> inv_s(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) inv_s[size_t(k)] = 0.6f + 0.01f * float(k % 50);
+  const Tensor gram = host_view(DType::kFloat64, {K, K}, g.data());
+  const auto ref_backend = make_reference_backend();
+  const auto cpu_backend = make_cpu_backend();
+  for (int iters : {0, 8}) {
+    LearnedRoundingOptions opt;
+    opt.iters = iters;
+    opt.lr = 0.2;
+    QuantResult given;
+    GptqOptions gopt;
+    ref_backend->gptq_quantize(m, spec, ref_backend->gptq_factor(gram, inv_s.data(), opt.percdamp, false), gopt, given);
+    QuantResult a = given, b = given;
+    const LearnedRoundingStats sa = ref_backend->learned_rounding(m, spec, gram, inv_s.data(), opt, a);
+    const LearnedRoundingStats sb = cpu_backend->learned_rounding(m, spec, gram, inv_s.data(), opt, b);
+    EXPECT_GT(sa.moved, 0) << iters;
+    EXPECT_EQ(a.codes, b.codes) << iters;
+    EXPECT_EQ(sa.objective_given, sb.objective_given) << iters;
+    EXPECT_EQ(sa.objective_learned, sb.objective_learned) << iters;
+    EXPECT_EQ(sa.moved, sb.moved) << iters;
+    EXPECT_EQ(a.sq_error, b.sq_error) << iters;
   }
 }
 

@@ -30,6 +30,15 @@ std::vector<double> make_gram(int64_t T, uint32_t seed, int64_t dead, int64_t K 
   return g;
 }
 
+// `count` weights drawn from N(0, 0.05²).
+std::vector<float> normal_weights(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(count));
+  for (float& v : w) v = d(rng);
+  return w;
+}
+
 // Σ_n e_n H e_nᵀ, H = diag(s) G diag(s) + damp·I with damp = percdamp · mean diag, straight from its
 // definition on the dequantized codes.
 double objective(const std::vector<float>& w, const WeightMatrix& m, const QuantSpec& spec, const QuantResult& q,
@@ -75,10 +84,7 @@ class LearnedRounding : public ::testing::TestWithParam<std::tuple<bool, int>> {
 
 TEST_P(LearnedRounding, LowersGptqsOutputErrorAndReportsItExactly) {
   const auto [zero_point, k_axis] = GetParam();
-  std::mt19937 rng(7);
-  std::normal_distribution<float> d(0.0f, 0.05f);
-  std::vector<float> w(size_t(kK * kN));
-  for (float& v : w) v = d(rng);
+  const std::vector<float> w = normal_weights(kK * kN, 7);
   const WeightMatrix m{DType::kFloat32, w.data(), k_axis == 0 ? kK : kN, k_axis == 0 ? kN : kK, k_axis, {}};
   QuantSpec spec;
   spec.block = kBlock;
@@ -117,10 +123,7 @@ TEST_P(LearnedRounding, LowersGptqsOutputErrorAndReportsItExactly) {
 // residuals are computed again: the reference's bits.
 TEST(LearnedRoundingTiles, MatchTheReferenceOnAnOddShape) {
   constexpr int64_t K = 523, N = 37;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> d(0.0f, 0.05f);
-  std::vector<float> w(size_t(K * N));
-  for (float& v : w) v = d(rng);
+  const std::vector<float> w = normal_weights(K * N, 5);
   const WeightMatrix m{DType::kFloat32, w.data(), K, N, 0, {}};
   QuantSpec spec;
   spec.block = kBlock;
@@ -154,10 +157,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LearnedRounding,
 
 // Without sign steps or sweeps nothing moves; a dead channel's codes never move.
 TEST(LearnedRoundingEdges, NoStepsKeepTheCodesAndDeadChannelsStay) {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> d(0.0f, 0.05f);
-  std::vector<float> w(size_t(kK * kN));
-  for (float& v : w) v = d(rng);
+  const std::vector<float> w = normal_weights(kK * kN, 3);
   const WeightMatrix m{DType::kFloat32, w.data(), kK, kN, 0, {}};
   QuantSpec spec;
   spec.block = kBlock;
